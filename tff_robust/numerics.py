@@ -1,0 +1,61 @@
+"""TensorFlow helpers shared by the aggregators: norms and finiteness over structures.
+
+Every function here runs inside a `tff.tensorflow.computation` on one client or on the
+server, and treats a model update as one vector: the concatenation of all its tensors.
+"""
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+def as_nest(structure):
+  """`structure` with TFF's `Struct` (used for unnamed-container types) as Python
+  containers, so that `tf.nest` can walk it."""
+  if isinstance(structure, tff.structure.Struct):
+    return tff.structure.to_odict_or_tuple(structure)
+  return structure
+
+
+def global_l2_norm(structure):
+  """Euclidean norm of all tensors of `structure` taken together as one vector.
+
+  Accumulates in float64 so that updates of millions of parameters with large entries
+  neither overflow nor lose the small distances the smoothed Weiszfeld weights need.
+  """
+  squares = [
+      tf.reduce_sum(tf.square(tf.cast(t, tf.float64)))
+      for t in tf.nest.flatten(as_nest(structure))
+  ]
+  return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0, tf.float64)
+
+
+def is_all_finite(structure):
+  """True iff no tensor of `structure` holds a NaN or an infinity."""
+  checks = [tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(as_nest(structure))]
+  return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+
+def subtract(a, b):
+  return tf.nest.map_structure(tf.subtract, as_nest(a), as_nest(b))
+
+
+def scale(structure, factor):
+  return tf.nest.map_structure(
+      lambda t: t * tf.cast(factor, t.dtype), as_nest(structure))
+
+
+def drop_if_nonfinite(value, weight):
+  """Replaces a non-finite client update by zeros of weight zero.
+
+  The zeros matter as much as the weight: inner mean factories multiply value by weight,
+  and 0 * NaN is still NaN.
+
+  Returns:
+    `(value, weight, dropped)` with `dropped` an int32 0 or 1 to be summed.
+  """
+  finite = is_all_finite(value) & tf.math.is_finite(tf.cast(weight, tf.float32))
+  clean_value = tf.nest.map_structure(
+      lambda t: tf.where(finite, t, tf.zeros_like(t)), as_nest(value)
+  )
+  clean_weight = tf.where(finite, tf.cast(weight, tf.float32), 0.0)
+  return clean_value, clean_weight, tf.cast(tf.logical_not(finite), tf.int32)
