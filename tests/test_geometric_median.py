@@ -1,0 +1,260 @@
+"""GeometricMedianFactory against a plain-numpy smoothed Weiszfeld (paper Algorithm 2)."""
+
+import collections
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import tff_robust
+
+SHAPES = collections.OrderedDict(kernel=(3, 4), bias=(4,), scalar=())
+VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
+    (name, tff.TensorType(np.float32, shape)) for name, shape in SHAPES.items()))
+WEIGHT_TYPE = tff.TensorType(np.float32)
+
+
+def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='mean'):
+  """Algorithm 2 of the paper on rows of `points`, with the D.2.3 stopping rule.
+
+  Returns the estimate and g_ν after every pass (the estimate frozen once the relative
+  improvement is at most `tolerance`).
+  """
+  points = np.asarray(points, np.float64)
+  alphas = np.asarray(alphas, np.float64)
+
+  def smoothed_objective(v):
+    d = np.linalg.norm(points - v, axis=1)
+    return np.sum(alphas * np.where(d > nu, d, d * d / (2 * nu) + nu / 2))
+
+  def weiszfeld_step(v):
+    beta = alphas / np.maximum(nu, np.linalg.norm(points - v, axis=1))
+    return beta @ points / beta.sum()
+
+  v = weiszfeld_step(np.zeros(points.shape[1])) if start == 'zero' else (
+      alphas @ points / alphas.sum())
+  objectives, previous, frozen = [], np.inf, False
+  for _ in range(passes - 1):
+    objective = smoothed_objective(v)
+    frozen = frozen or abs(previous - objective) <= tolerance * objective
+    objectives.append(objective)
+    previous = objective
+    if not frozen:
+      v = weiszfeld_step(v)
+  objectives.append(smoothed_objective(v))
+  return v, np.array(objectives)
+
+
+def to_structure(vector):
+  """Splits a flat vector into the OrderedDict of SHAPES."""
+  out, start = collections.OrderedDict(), 0
+  for name, shape in SHAPES.items():
+    size = int(np.prod(shape))
+    out[name] = vector[start:start + size].reshape(shape).astype(np.float32)
+    start += size
+  return out
+
+
+def to_vector(structure):
+  return np.concatenate([np.reshape(structure[name], -1) for name in SHAPES])
+
+
+DIMENSION = sum(int(np.prod(s)) for s in SHAPES.values())
+
+
+def aggregate(factory, points, weights):
+  process = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+  output = process.next(
+      process.initialize(),
+      [to_structure(p) for p in np.asarray(points)],
+      [np.float32(w) for w in weights])
+  return to_vector(output.result), output.measurements
+
+
+def relative_error(actual, expected):
+  return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-12)
+
+
+class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
+
+  @parameterized.product(
+      passes=[1, 2, 3, 5],
+      nu=[1e-6, 1e-2],
+      weighted=[True, False],
+  )
+  def test_matches_algorithm_2(self, passes, nu, weighted):
+    rng = np.random.default_rng(passes)
+    points = rng.normal(size=(7, DIMENSION))
+    points[:2] += 5.0  # Two outliers: the median differs visibly from the mean.
+    weights = rng.uniform(1, 100, size=7) if weighted else np.ones(7)
+    expected, expected_objectives = numpy_smoothed_weiszfeld(points, weights, passes, nu)
+
+    actual, measurements = aggregate(
+        tff_robust.GeometricMedianFactory(num_communication_passes=passes, nu=nu),
+        points, weights)
+
+    self.assertLessEqual(relative_error(actual, expected), 1e-5)
+    np.testing.assert_allclose(measurements['objective'], expected_objectives, rtol=1e-5)
+    self.assertEqual(measurements['num_secure_average_calls'], passes)
+    self.assertEqual(measurements['num_nonfinite_clients'], 0)
+
+  def test_one_step_matches_algorithm_3(self):
+    rng = np.random.default_rng(3)
+    points, weights = rng.normal(size=(6, DIMENSION)), rng.uniform(1, 9, size=6)
+    beta = weights / np.maximum(1e-6, np.linalg.norm(points, axis=1))
+    actual, measurements = aggregate(
+        tff_robust.one_step_geometric_median_factory(), points, weights)
+    self.assertLessEqual(relative_error(actual, beta @ points / beta.sum()), 1e-5)
+    self.assertEqual(measurements['num_secure_average_calls'], 1)
+
+  def test_objective_decreases(self):
+    # Lemma 13: g_ν strictly decreases along the iterates until the optimum.
+    rng = np.random.default_rng(5)
+    _, measurements = aggregate(
+        tff_robust.GeometricMedianFactory(num_communication_passes=5, tolerance=0.0),
+        rng.standard_cauchy(size=(9, DIMENSION)), np.ones(9))
+    self.assertTrue(np.all(np.diff(measurements['objective']) <= 1e-6))
+
+  def test_max_effective_weight_is_largest_normalized_weight(self):
+    rng = np.random.default_rng(6)
+    points, weights = rng.normal(size=(5, DIMENSION)), rng.uniform(1, 10, size=5)
+    _, measurements = aggregate(
+        tff_robust.GeometricMedianFactory(num_communication_passes=1), points, weights)
+    self.assertAlmostEqual(
+        measurements['max_effective_weight'], weights.max() / weights.sum(), places=6)
+
+
+class GeometricMedianRobustnessTest(parameterized.TestCase):
+
+  def _three_of_ten_huge(self):
+    rng = np.random.default_rng(0)
+    centre = rng.normal(size=DIMENSION)
+    clean = centre + 0.03 * rng.normal(size=(7, DIMENSION))
+    corrupted = 1000.0 * rng.normal(size=(3, DIMENSION))
+    clean_median, _ = numpy_smoothed_weiszfeld(clean, np.ones(7), 200, 1e-6, 0.0)
+    return np.concatenate([clean, corrupted]), clean_median
+
+  @parameterized.named_parameters(
+      ('from_zero_4_passes', 'zero', 4),
+      ('from_mean_10_passes', 'mean', 10),
+  )
+  def test_three_of_ten_huge_updates_barely_move_the_median(self, start, passes):
+    points, clean_median = self._three_of_ten_huge()
+    actual, _ = aggregate(
+        tff_robust.GeometricMedianFactory(
+            num_communication_passes=passes, initial_point=start),
+        points, np.ones(10))
+    self.assertLess(relative_error(actual, clean_median), 0.02)
+    self.assertGreater(relative_error(points.mean(axis=0), clean_median), 10.0)
+
+  def test_three_passes_from_the_mean_do_not_escape_huge_outliers(self):
+    # A documented limitation, not a wish: the paper's default (R = 3 from the mean)
+    # starts 300x away from the clean points when outliers are 1000x larger, and
+    # Weiszfeld's linear rate cannot close that gap in two steps.
+    points, clean_median = self._three_of_ten_huge()
+    actual, _ = aggregate(tff_robust.GeometricMedianFactory(), points, np.ones(10))
+    self.assertGreater(relative_error(actual, clean_median), 1.0)
+
+  @parameterized.parameters(1, 2, 4)
+  def test_nonfinite_clients_are_dropped_and_counted(self, num_bad):
+    rng = np.random.default_rng(num_bad)
+    points = rng.normal(size=(10, DIMENSION))
+    weights = rng.uniform(1, 5, size=10)
+    bad = points.copy()
+    for i in range(num_bad):
+      bad[i, i] = (np.nan, np.inf, -np.inf)[i % 3]
+    expected, _ = numpy_smoothed_weiszfeld(points[num_bad:], weights[num_bad:], 3, 1e-6)
+
+    actual, measurements = aggregate(tff_robust.GeometricMedianFactory(), bad, weights)
+
+    self.assertTrue(np.all(np.isfinite(actual)))
+    self.assertLessEqual(relative_error(actual, expected), 1e-5)
+    self.assertEqual(measurements['num_nonfinite_clients'], num_bad)
+
+  def test_nonfinite_weight_is_dropped(self):
+    points = np.random.default_rng(1).normal(size=(4, DIMENSION))
+    actual, measurements = aggregate(
+        tff_robust.GeometricMedianFactory(), points, [1.0, np.nan, 1.0, 1.0])
+    expected, _ = numpy_smoothed_weiszfeld(points[[0, 2, 3]], np.ones(3), 3, 1e-6)
+    self.assertLessEqual(relative_error(actual, expected), 1e-5)
+    self.assertEqual(measurements['num_nonfinite_clients'], 1)
+
+
+class GeometricMedianDegenerateInputsTest(parameterized.TestCase):
+
+  def test_all_identical_points(self):
+    point = np.random.default_rng(2).normal(size=DIMENSION)
+    actual, measurements = aggregate(
+        tff_robust.GeometricMedianFactory(), np.tile(point, (5, 1)), np.arange(1, 6))
+    np.testing.assert_allclose(actual, point, rtol=1e-6)
+    self.assertTrue(np.all(np.isfinite(measurements['objective'])))
+
+  def test_single_client(self):
+    point = np.random.default_rng(3).normal(size=DIMENSION)
+    actual, measurements = aggregate(
+        tff_robust.GeometricMedianFactory(), point[np.newaxis], [3.0])
+    np.testing.assert_allclose(actual, point, rtol=1e-6)
+    self.assertAlmostEqual(measurements['max_effective_weight'], 1.0)
+
+  def test_zero_weight_clients_are_ignored(self):
+    rng = np.random.default_rng(4)
+    points, weights = rng.normal(size=(6, DIMENSION)), np.array([0, 2, 0, 1, 3, 1.0])
+    expected, _ = numpy_smoothed_weiszfeld(points[weights > 0], weights[weights > 0],
+                                           3, 1e-6)
+    actual, _ = aggregate(tff_robust.GeometricMedianFactory(), points, weights)
+    self.assertLessEqual(relative_error(actual, expected), 1e-5)
+
+  def test_all_zero_weights_give_zero(self):
+    points = np.random.default_rng(5).normal(size=(3, DIMENSION))
+    actual, _ = aggregate(tff_robust.GeometricMedianFactory(), points, np.zeros(3))
+    np.testing.assert_array_equal(actual, np.zeros(DIMENSION))
+
+  def test_nu_larger_than_every_distance_gives_the_mean(self):
+    # Every β_i = α_i / ν: all passes are the weighted mean.
+    rng = np.random.default_rng(6)
+    points, weights = 1e-3 * rng.normal(size=(5, DIMENSION)), rng.uniform(1, 2, 5)
+    actual, _ = aggregate(tff_robust.GeometricMedianFactory(nu=10.0), points, weights)
+    expected = weights @ points / weights.sum()
+    self.assertLessEqual(relative_error(actual, expected), 1e-5)
+
+  def test_tolerance_freezes_converged_estimate(self):
+    rng = np.random.default_rng(7)
+    points = rng.normal(size=(5, DIMENSION))
+    expected, objectives = numpy_smoothed_weiszfeld(points, np.ones(5), 6, 1e-6, 0.5)
+    actual, measurements = aggregate(
+        tff_robust.GeometricMedianFactory(num_communication_passes=6, tolerance=0.5),
+        points, np.ones(5))
+    self.assertLessEqual(relative_error(actual, expected), 1e-5)
+    np.testing.assert_allclose(measurements['objective'], objectives, rtol=1e-5)
+    self.assertLess(measurements['num_passes_applied'], 6)
+
+
+class GeometricMedianArgumentsTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('zero_passes', dict(num_communication_passes=0), 'num_communication_passes'),
+      ('float_passes', dict(num_communication_passes=2.5), 'num_communication_passes'),
+      ('zero_nu', dict(nu=0.0), 'nu'),
+      ('negative_nu', dict(nu=-1e-3), 'nu'),
+      ('nan_nu', dict(nu=float('nan')), 'nu'),
+      ('negative_tolerance', dict(tolerance=-1.0), 'tolerance'),
+      ('unknown_start', dict(initial_point='median'), 'initial_point'),
+  )
+  def test_bad_argument_is_named(self, kwargs, name):
+    with self.assertRaisesRegex(ValueError, name):
+      tff_robust.GeometricMedianFactory(**kwargs)
+
+  def test_inner_factory_must_be_weighted(self):
+    with self.assertRaisesRegex(TypeError, 'inner_mean_factory'):
+      tff_robust.GeometricMedianFactory(
+          inner_mean_factory=tff.aggregators.UnweightedMeanFactory())
+
+  def test_integer_values_are_rejected(self):
+    with self.assertRaisesRegex(TypeError, 'float'):
+      tff_robust.GeometricMedianFactory().create(
+          tff.TensorType(np.int32, [3]), WEIGHT_TYPE)
+
+
+if __name__ == '__main__':
+  tf.test.main()
