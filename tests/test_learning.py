@@ -1,0 +1,93 @@
+"""The drop-in RFA learning processes, used exactly like build_weighted_fed_avg."""
+
+import collections
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import tff_robust
+
+INPUT_SPEC = (tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([None], tf.int32))
+
+
+def model_fn():
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=(4,)),
+      tf.keras.layers.Dense(3, kernel_initializer='zeros'),
+  ])
+  return tff.learning.models.from_keras_model(
+      keras_model,
+      input_spec=INPUT_SPEC,
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+
+def client_datasets(num_clients, seed=0):
+  rng = np.random.default_rng(seed)
+  datasets = []
+  for _ in range(num_clients):
+    x = rng.normal(size=(12, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 1).astype(np.int32)
+    datasets.append(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+  return datasets
+
+
+def flat(model_weights):
+  return np.concatenate([np.ravel(w) for w in model_weights.trainable])
+
+
+BUILDERS = (
+    ('rfa', tff_robust.build_robust_federated_aggregation_process),
+    ('one_step_rfa', tff_robust.build_one_step_robust_federated_aggregation_process),
+)
+
+
+class RobustProcessTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*BUILDERS)
+  def test_one_round_moves_the_model(self, build):
+    process = build(model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.5))
+    state = process.initialize()
+    before = process.get_model_weights(state)
+
+    output = process.next(state, client_datasets(4))
+
+    after = process.get_model_weights(output.state)
+    self.assertGreater(np.linalg.norm(flat(after) - flat(before)), 1e-3)
+    self.assertTrue(np.all(np.isfinite(flat(after))))
+    aggregator = output.metrics['aggregator']
+    self.assertIn('objective', aggregator)
+    self.assertEqual(aggregator['num_nonfinite_clients'], 0)
+    self.assertIn('loss', output.metrics['client_work']['train'])
+
+  def test_same_result_as_fed_avg_for_one_client(self):
+    # The geometric median of one point is that point.
+    optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.5)
+    data = client_datasets(1)
+    robust = tff_robust.build_robust_federated_aggregation_process(model_fn, optimizer)
+    fed_avg = tff.learning.algorithms.build_weighted_fed_avg(model_fn, optimizer)
+    robust_weights = robust.get_model_weights(robust.next(robust.initialize(), data).state)
+    fed_avg_weights = fed_avg.get_model_weights(
+        fed_avg.next(fed_avg.initialize(), data).state)
+    np.testing.assert_allclose(flat(robust_weights), flat(fed_avg_weights), atol=1e-6)
+
+  def test_uniform_client_weighting_and_options_are_passed_through(self):
+    process = tff_robust.build_robust_federated_aggregation_process(
+        model_fn,
+        tff.learning.optimizers.build_sgdm(learning_rate=0.5),
+        tff.learning.optimizers.build_sgdm(learning_rate=1.0, momentum=0.9),
+        num_communication_passes=5,
+        client_weighting=tff.learning.ClientWeighting.UNIFORM)
+    output = process.next(process.initialize(), client_datasets(3))
+    self.assertLen(output.metrics['aggregator']['objective'], 5)
+
+  def test_keras_optimizer_function_gets_a_clear_error(self):
+    with self.assertRaisesRegex(TypeError, 'tff.learning.optimizers'):
+      tff_robust.build_robust_federated_aggregation_process(
+          model_fn, lambda: tf.keras.optimizers.SGD(0.1))
+
+
+if __name__ == '__main__':
+  tf.test.main()
