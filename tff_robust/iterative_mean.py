@@ -114,3 +114,23 @@ def max_of_vector(vector):
 def pass_inner_measurements(inner_measurements: Optional[list]):
   """The inner factory's measurements of the last pass (the pass producing the result)."""
   return inner_measurements[-1]
+
+
+def tensor_types(value_type) -> list:
+  """The `tff.TensorType` leaves of a value type, in the type's own element order."""
+  if isinstance(value_type, tff.TensorType):
+    return [value_type]
+  leaves = []
+  for _, element in tff.structure.iter_elements(value_type):
+    leaves.extend(tensor_types(element))
+  return leaves
+
+
+def num_parameters(value_type) -> int:
+  """p: the total number of scalars of a structure of fully defined tensors."""
+  total = 0
+  for leaf in tensor_types(value_type):
+    if leaf.shape is None or any(d is None for d in leaf.shape):
+      raise TypeError(f'Aggregators need fully defined shapes, got {value_type}.')
+    total += int(np.prod(leaf.shape, dtype=np.int64))
+  return total

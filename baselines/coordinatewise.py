@@ -1,0 +1,91 @@
+"""Coordinate-wise median and trimmed mean (Yin et al. 2018, ref. [88] of the RFA paper).
+
+Both gather every client's update at the server (`baselines.gather`): NOT compatible
+with secure aggregation.
+"""
+
+import collections
+
+import tensorflow as tf
+
+from baselines import gather
+
+
+def _sorted_rows(values):
+  # Sorting each coordinate across clients is the whole cost: O(n log n) per coordinate.
+  return tf.sort(values, axis=0)
+
+
+class CoordinateWiseMedianFactory(gather.GatheringAggregationFactory):
+  """Coordinate-wise median of the client updates.
+
+  For every scalar parameter j the result is the median over the n finite clients of
+  x_ij (for even n the mean of the two middle values, as `numpy.median`). Weights are
+  ignored (an unweighted median, as in Yin et al. 2018 and the RFA paper's baseline);
+  they are accepted so that the factory plugs into weighted builders such as
+  `tff.learning.algorithms.build_weighted_fed_avg`.
+
+  NOT compatible with secure aggregation: every client's update reaches the server.
+
+  The created process's `next` has type signature
+  `(<state=<>@SERVER, {value}@CLIENTS, {weight}@CLIENTS> ->
+    <state=<>@SERVER, result=value@SERVER, measurements@SERVER>)`, with measurements
+  *   `num_clients`: clients used (finite updates);
+  *   `num_nonfinite_clients`: clients dropped because their update or weight holds a
+      NaN or an infinity.
+  With no finite client the result is zero.
+  """
+
+  def _server_aggregate(self, values, weights, state):
+    del weights
+    n = tf.shape(values)[0]
+    ordered = _sorted_rows(values)
+    median = tf.cond(
+        n > 0,
+        lambda: 0.5 * (tf.gather(ordered, (n - 1) // 2) + tf.gather(ordered, n // 2)),
+        lambda: tf.zeros(tf.shape(values)[1:], values.dtype))
+    return median, state, collections.OrderedDict()
+
+
+class TrimmedMeanFactory(gather.GatheringAggregationFactory):
+  """Coordinate-wise trimmed mean of the client updates.
+
+  For every scalar parameter j, the k = ⌊β·n⌋ largest and the k smallest of the n
+  finite clients' values are removed and the remaining n − 2k are averaged (β =
+  `trim_fraction`, per tail). β < 0.5 guarantees n − 2k ≥ 1. Weights are ignored (the
+  trimmed mean of Yin et al. 2018 is unweighted); they are accepted so that the factory
+  plugs into weighted builders.
+
+  NOT compatible with secure aggregation: every client's update reaches the server.
+
+  The created process's `next` has type signature
+  `(<state=<>@SERVER, {value}@CLIENTS, {weight}@CLIENTS> ->
+    <state=<>@SERVER, result=value@SERVER, measurements@SERVER>)`, with measurements
+  *   `num_clients`: clients used (finite updates);
+  *   `num_nonfinite_clients`: clients dropped for a NaN or an infinity;
+  *   `num_trimmed_per_tail`: k.
+  With no finite client the result is zero.
+  """
+
+  def __init__(self, trim_fraction: float = 0.1):
+    """Initializes the factory.
+
+    Args:
+      trim_fraction: β in [0, 0.5), the fraction of clients removed at each tail of
+        every coordinate.
+
+    Raises:
+      ValueError: if `trim_fraction` is not in [0, 0.5).
+    """
+    self._trim_fraction = gather.check_fraction(
+        'trim_fraction', trim_fraction, 0.5, upper_inclusive=False)
+
+  def _server_aggregate(self, values, weights, state):
+    del weights
+    n = tf.shape(values)[0]
+    # floor(β n) computed in float64: β·n is exact enough for any realistic n.
+    k = tf.cast(tf.floor(self._trim_fraction * tf.cast(n, tf.float64)), tf.int32)
+    kept = _sorted_rows(values)[k:n - k]
+    mean = tf.math.divide_no_nan(
+        tf.reduce_sum(kept, axis=0), tf.cast(n - 2 * k, values.dtype))
+    return mean, state, collections.OrderedDict(num_trimmed_per_tail=k)

@@ -1,0 +1,121 @@
+"""Krum and multi-Krum (Blanchard et al. 2017, ref. [16] of the RFA paper).
+
+Both gather every client's update at the server (`baselines.gather`): NOT compatible
+with secure aggregation.
+"""
+
+import collections
+from typing import Optional
+
+import tensorflow as tf
+
+from baselines import gather
+
+
+def pairwise_squared_distances(values):
+  """‖x_i − x_j‖² for all pairs, in float64.
+
+  Uses the Gram matrix (one matrix product, fast for millions of parameters) after
+  subtracting the mean row: centering removes the common offset, so the cancellation
+  in ‖x_i‖² + ‖x_j‖² − 2⟨x_i, x_j⟩ only concerns the distances of far-away points,
+  which are large anyway.
+  """
+  x = tf.cast(values, tf.float64)
+  x = x - tf.reduce_mean(x, axis=0, keepdims=True)
+  gram = tf.matmul(x, x, transpose_b=True)
+  norms = tf.linalg.diag_part(gram)
+  distances = norms[:, tf.newaxis] + norms[tf.newaxis, :] - 2.0 * gram
+  return tf.maximum(distances, 0.0)
+
+
+def krum_scores(values, num_byzantine):
+  """Score of client i: the sum of its squared distances to its n − f − 2 nearest
+  other clients (Blanchard et al., Section 4)."""
+  n = tf.shape(values)[0]
+  distances = pairwise_squared_distances(values)
+  # A client is not its own neighbour.
+  distances = tf.linalg.set_diag(
+      distances, tf.fill([n], tf.constant(float('inf'), tf.float64)))
+  nearest = tf.sort(distances, axis=1)[:, :n - num_byzantine - 2]
+  return tf.reduce_sum(nearest, axis=1)
+
+
+class KrumFactory(gather.GatheringAggregationFactory):
+  """Krum (`num_selected=1`) and multi-Krum.
+
+  With n finite clients of which at most f are assumed Byzantine, every client gets
+  the score s_i = Σ_{j ∈ N_i} ‖x_i − x_j‖², N_i its n − f − 2 nearest other clients.
+  Krum returns the update of lowest score; multi-Krum returns the average of the m
+  updates of lowest scores (m = `num_selected`, default n − f, as in Blanchard et al.).
+  The average is weighted by the clients' weights (a plain average with equal
+  weights). Ties are broken by client order (stable sort).
+
+  Krum needs n > 2f + 2. n is only known when the process runs, so a round with too
+  few finite clients fails then with an `InvalidArgumentError` naming
+  `num_byzantine`.
+
+  NOT compatible with secure aggregation: every client's update reaches the server.
+
+  The created process's `next` has type signature
+  `(<state=<>@SERVER, {value}@CLIENTS, {weight}@CLIENTS> ->
+    <state=<>@SERVER, result=value@SERVER, measurements@SERVER>)`, with measurements
+  *   `num_clients`: clients used (finite updates);
+  *   `num_nonfinite_clients`: clients dropped for a NaN or an infinity;
+  *   `num_byzantine`: f used this round;
+  *   `num_selected`: m used this round.
+  """
+
+  def __init__(self,
+               num_byzantine: Optional[int] = None,
+               byzantine_fraction: Optional[float] = None,
+               num_selected: Optional[int] = 1):
+    """Initializes the factory.
+
+    Args:
+      num_byzantine: f, the assumed number of corrupted clients.
+      byzantine_fraction: alternatively ρ in [0, 0.5): f = ⌊ρ·n⌋ for the n finite
+        clients of each round. Exactly one of the two must be given.
+      num_selected: m >= 1, the number of lowest-score updates averaged (1: Krum);
+        `None` means n − f (multi-Krum).
+
+    Raises:
+      ValueError: if neither or both of `num_byzantine` and `byzantine_fraction` are
+        given, or one of the arguments is out of range.
+    """
+    if (num_byzantine is None) == (byzantine_fraction is None):
+      raise ValueError(
+          'Give exactly one of num_byzantine (f) and byzantine_fraction (f = '
+          f'floor(fraction * n)); got num_byzantine={num_byzantine!r}, '
+          f'byzantine_fraction={byzantine_fraction!r}.')
+    self._num_byzantine = gather.optional_int('num_byzantine', num_byzantine)
+    self._fraction = (None if byzantine_fraction is None else gather.check_fraction(
+        'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
+    if num_selected is not None:
+      if (isinstance(num_selected, bool) or not isinstance(num_selected, int)
+          or num_selected < 1):
+        raise ValueError(
+            f'num_selected must be an integer >= 1 or None, got {num_selected!r}.')
+    self._num_selected = num_selected
+
+  def _server_aggregate(self, values, weights, state):
+    n = tf.shape(values)[0]
+    if self._num_byzantine is not None:
+      f = tf.constant(self._num_byzantine, tf.int32)
+    else:
+      f = tf.cast(tf.floor(self._fraction * tf.cast(n, tf.float64)), tf.int32)
+    m = n - f if self._num_selected is None else tf.constant(self._num_selected)
+    checks = [
+        tf.debugging.assert_greater(
+            n, 2 * f + 2,
+            message=('KrumFactory: Krum needs more than 2 * num_byzantine + 2 finite '
+                     'clients (n > 2f + 2); lower num_byzantine or sample more '
+                     'clients. [n, f] =')),
+        tf.debugging.assert_less_equal(
+            m, n, message='KrumFactory: num_selected exceeds the number of clients.'),
+    ]
+    with tf.control_dependencies(checks):
+      scores = krum_scores(values, f)
+      selected = tf.argsort(scores, stable=True)[:m]
+    average = gather.weighted_average_rows(
+        tf.gather(values, selected), tf.gather(weights, selected))
+    return average, state, collections.OrderedDict(num_byzantine=f, num_selected=m)

@@ -1,0 +1,158 @@
+"""Gradient Masked Averaging (Tenison, Sreeramadas, Mugunthan, Oyallon, Rish,
+Belilovsky, "Gradient Masked Averaging for Federated Learning", Section 3.2, eq. 3).
+"""
+
+import collections
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_robust import iterative_mean
+from tff_robust import numerics
+
+
+def check_tau(tau) -> float:
+  if isinstance(tau, bool) or not isinstance(tau, (int, float, np.number)):
+    raise TypeError(f'tau must be a number in [0, 1], got {tau!r}.')
+  if not 0.0 <= tau <= 1.0:
+    raise ValueError(f'tau must be in [0, 1], got {tau!r}.')
+  return float(tau)
+
+
+def _map(fn, *structures):
+  return tf.nest.map_structure(fn, *[numerics.as_nest(s) for s in structures])
+
+
+class GradientMaskedAveragingFactory(tff.aggregators.WeightedAggregationFactory):
+  """Gradient masked averaging: the weighted mean, damped where clients disagree.
+
+  With N finite clients and updates Δ_n, the agreement of scalar parameter j is
+  A_j = |(1/N) Σ_n sign(Δ_n)_j| (unweighted, paper eq. 3), the soft mask is
+  m_j = 1 if A_j ≥ τ else A_j, and the result is m ⊙ (Σ α_n Δ_n / Σ α_n).
+
+  Two independent aggregations of the same client values, in one round and with no
+  broadcast: the sum of the signs through `sign_sum_factory` and the weighted mean
+  through `inner_mean_factory`. Both can be secure (e.g.
+  `tff.aggregators.SecureSumFactory(1.0, -1.0)` for the signs, whose entries lie in
+  [-1, 1], and `MeanFactory(value_sum_factory=SecureSumFactory(bound))` for the mean);
+  N is a federated sum of 0/1 client flags.
+
+  Client updates with a NaN or an infinity (or a non-finite weight) are dropped: they
+  contribute neither a sign nor a weight, and do not count in N.
+
+  The process's `next` has type signature
+  `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, result=value@SERVER,
+  measurements@SERVER>)`, the state being `<mean=inner state, sign_sum=sign-sum state>`.
+  Measurements:
+  *   `fraction_masked`: fraction of the scalar parameters with A_j < τ (scaled down).
+  *   `mean_agreement`: the average of A_j over all scalar parameters.
+  *   `num_nonfinite_clients`: clients dropped.
+  *   `mean`, `sign_sum`: the two inner processes' measurements.
+  """
+
+  def __init__(
+      self,
+      tau: float = 0.4,
+      sign_sum_factory: Optional[tff.aggregators.UnweightedAggregationFactory] = None,
+      inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+  ):
+    """Initializes the factory.
+
+    Args:
+      tau: τ in [0, 1], the agreement from which a coordinate is not damped. Paper
+        default 0.4. τ = 0 gives the weighted mean.
+      sign_sum_factory: an unweighted factory that must return the SUM of the client
+        values (it receives sign(Δ_n) ∈ {-1, 0, 1}); default
+        `tff.aggregators.SumFactory()`.
+      inner_mean_factory: the weighted mean of the updates; default
+        `tff.aggregators.MeanFactory(no_nan_division=True)`.
+
+    Raises:
+      ValueError: if `tau` is outside [0, 1].
+      TypeError: for factories of the wrong kind.
+    """
+    self._tau = check_tau(tau)
+    if sign_sum_factory is None:
+      sign_sum_factory = tff.aggregators.SumFactory()
+    if not isinstance(sign_sum_factory, tff.aggregators.UnweightedAggregationFactory):
+      raise TypeError(
+          'sign_sum_factory must be a tff.aggregators.UnweightedAggregationFactory '
+          'returning a sum (e.g. tff.aggregators.SecureSumFactory(1.0, -1.0)); got '
+          f'{type(sign_sum_factory).__name__}.')
+    self._sign_sum = sign_sum_factory
+    self._inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    iterative_mean.check_float_structure(value_type)
+    mean_process = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
+    sign_process = self._sign_sum.create(value_type)
+    tau = self._tau
+
+    @tff.tensorflow.computation(value_type)
+    def signs(value):
+      return _map(tf.sign, value)
+
+    @tff.tensorflow.computation(tf.float32)
+    def is_counted(weight):
+      # Dropped clients arrive with weight exactly 0 and zero updates; a finite client
+      # of weight 0 still votes (its sign is an opinion about the direction).
+      del weight
+      return tf.constant(1, tf.int32)
+
+    @tff.tensorflow.computation(value_type, value_type, tf.int32)
+    def apply_mask(mean, sign_sum, num_clients):
+      count = tf.cast(num_clients, tf.float32)
+      agreement = _map(
+          lambda s: tf.math.divide_no_nan(tf.abs(tf.cast(s, tf.float32)), count),
+          sign_sum)
+      masks = _map(lambda a: tf.where(a >= tau, tf.ones_like(a), a), agreement)
+      result = _map(lambda m, x: tf.cast(m, x.dtype) * x, masks, mean)
+      flat_agreement = tf.concat(
+          [tf.reshape(a, [-1]) for a in tf.nest.flatten(agreement)], axis=0)
+      size = tf.cast(tf.size(flat_agreement), tf.float32)
+      fraction_masked = tf.math.divide_no_nan(
+          tf.reduce_sum(tf.cast(flat_agreement < tau, tf.float32)), size)
+      mean_agreement = tf.math.divide_no_nan(tf.reduce_sum(flat_agreement), size)
+      return result, fraction_masked, mean_agreement
+
+    @tff.federated_computation()
+    def init_fn():
+      return tff.federated_zip(collections.OrderedDict(
+          mean=mean_process.initialize(), sign_sum=sign_process.initialize()))
+
+    @tff.federated_computation(
+        init_fn.type_signature.result,
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      value, alpha, num_dropped = iterative_mean.drop_nonfinite_clients(
+          value_type, weight_type, value, weight)
+      mean_output = mean_process.next(state.mean, value, alpha)
+      sign_output = sign_process.next(state.sign_sum, tff.federated_map(signs, value))
+      # N = clients that were not dropped: all clients minus the dropped ones.
+      num_clients = tff.federated_sum(tff.federated_map(is_counted, alpha))
+      num_finite = tff.federated_map(_subtract_ints, (num_clients, num_dropped))
+      masked = tff.federated_map(
+          apply_mask, (mean_output.result, sign_output.result, num_finite))
+      measurements = collections.OrderedDict(
+          fraction_masked=masked[1],
+          mean_agreement=masked[2],
+          num_nonfinite_clients=num_dropped,
+          mean=mean_output.measurements,
+          sign_sum=sign_output.measurements,
+      )
+      new_state = collections.OrderedDict(
+          mean=mean_output.state, sign_sum=sign_output.state)
+      return tff.templates.MeasuredProcessOutput(
+          state=tff.federated_zip(new_state),
+          result=masked[0],
+          measurements=tff.federated_zip(measurements))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+@tff.tensorflow.computation(tf.int32, tf.int32)
+def _subtract_ints(a, b):
+  return a - b
