@@ -1,0 +1,105 @@
+"""Shared inputs and helpers of the aggregator tests: a nested model structure, client
+matrices (random and adversarial), and a cache of created processes (tracing a TFF
+computation costs ~0.5 s, so every process is built once per test session)."""
+
+import collections
+
+import numpy as np
+import tensorflow_federated as tff
+
+# An OrderedDict of tensors of different shapes holding a list, as TFF learning's
+# model weights do: p = 6 + 2 + 1 = 9 scalars.
+VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
+    kernel=tff.TensorType(np.float32, [3, 2]),
+    bias=[tff.TensorType(np.float32, [2]), tff.TensorType(np.float32, [])]))
+WEIGHT_TYPE = tff.TensorType(np.float32)
+DIMENSION = 9
+NUM_CLIENTS = 10
+
+_PROCESSES = {}
+
+
+def process(key, build_factory):
+  """The process of `build_factory()` for VALUE_TYPE, created once per `key`."""
+  if key not in _PROCESSES:
+    _PROCESSES[key] = build_factory().create(VALUE_TYPE, WEIGHT_TYPE)
+  return _PROCESSES[key]
+
+
+def to_struct(vector):
+  vector = np.asarray(vector, np.float32)
+  return collections.OrderedDict(
+      kernel=vector[:6].reshape(3, 2), bias=[vector[6:8], np.float32(vector[8])])
+
+
+def to_vector(struct):
+  return np.concatenate([
+      np.ravel(struct['kernel']), np.ravel(struct['bias'][0]),
+      np.ravel(struct['bias'][1])]).astype(np.float64)
+
+
+def run(proc, matrix, weights, state=None):
+  """Runs `proc.next` on client rows `matrix`; returns (result vector, output)."""
+  values = [to_struct(row) for row in matrix]
+  weights = [np.float32(w) for w in weights]
+  if state is None:
+    state = proc.initialize()
+  output = proc.next(state, values, weights)
+  return to_vector(output.result), output
+
+
+def relative_error(actual, expected):
+  return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
+
+
+def _rng(seed):
+  return np.random.default_rng(seed)
+
+
+def random_inputs(seed=0):
+  return _rng(seed).normal(size=(NUM_CLIENTS, DIMENSION))
+
+
+def huge_outlier_inputs(seed=1, magnitude=1e6):
+  x = random_inputs(seed)
+  x[3, 4] = magnitude
+  return x
+
+
+def clustered_attack_inputs(seed=2, fraction=0.2, offset=100.0):
+  """Inliers around the clean centre 1, a `fraction` of clients at the same far point."""
+  x = 1.0 + 0.1 * _rng(seed).normal(size=(NUM_CLIENTS, DIMENSION))
+  num_attackers = int(round(fraction * NUM_CLIENTS))
+  x[:num_attackers] = 1.0 + offset
+  return x
+
+
+def ties_inputs(seed=3):
+  """Half the clients on one point, repeated values in every coordinate."""
+  rng = _rng(seed)
+  x = rng.integers(-2, 3, size=(NUM_CLIENTS, DIMENSION)).astype(np.float64)
+  x[: NUM_CLIENTS // 2] = x[0]
+  return x
+
+
+def equal_weights():
+  return np.ones(NUM_CLIENTS)
+
+
+def random_weights(seed=5):
+  return _rng(seed).uniform(0.5, 3.0, size=NUM_CLIENTS)
+
+
+INPUTS = collections.OrderedDict(
+    random=random_inputs,
+    huge_outlier=huge_outlier_inputs,
+    clustered_attackers=clustered_attack_inputs,
+    ties=ties_inputs,
+)
+WEIGHTS = collections.OrderedDict(equal=equal_weights, weighted=random_weights)
+
+
+def input_cases(inputs=tuple(INPUTS), weights=tuple(WEIGHTS)):
+  """`named_parameters` cases over input kinds × weightings."""
+  return [dict(testcase_name=f'{i}_{w}', inputs=i, weights=w)
+          for i in inputs for w in weights]
