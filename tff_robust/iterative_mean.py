@@ -72,11 +72,19 @@ def drop_nonfinite_clients(value_type, weight_type, value, weight):
   """
 
   @tff.tensorflow.computation(value_type, weight_type)
-  def clean(client_value, client_weight):
-    return numerics.drop_if_nonfinite(client_value, client_weight)
+  def clean_value(client_value, client_weight):
+    return numerics.zeros_if_nonfinite(client_value, client_weight)
 
-  cleaned = tff.federated_map(clean, (value, weight))
-  return cleaned[0], cleaned[1], tff.federated_sum(cleaned[2])
+  @tff.tensorflow.computation(value_type, weight_type)
+  def clean_weight(client_value, client_weight):
+    return numerics.weight_if_finite(client_value, client_weight)
+
+  # Two maps rather than one returning a struct: selecting the value out of a struct
+  # at CLIENTS would copy every client's update once more.
+  weight_and_dropped = tff.federated_map(clean_weight, (value, weight))
+  return (tff.federated_map(clean_value, (value, weight)),
+          weight_and_dropped[0],
+          tff.federated_sum(weight_and_dropped[1]))
 
 
 def weight_statistics(weights):

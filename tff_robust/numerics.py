@@ -44,18 +44,28 @@ def scale(structure, factor):
       lambda t: t * tf.cast(factor, t.dtype), as_nest(structure))
 
 
-def drop_if_nonfinite(value, weight):
-  """Replaces a non-finite client update by zeros of weight zero.
+def is_finite_update(value, weight):
+  """True iff the client's update and its weight are all finite."""
+  return is_all_finite(value) & tf.math.is_finite(tf.cast(weight, tf.float32))
 
-  The zeros matter as much as the weight: inner mean factories multiply value by weight,
-  and 0 * NaN is still NaN.
 
-  Returns:
-    `(value, weight, dropped)` with `dropped` an int32 0 or 1 to be summed.
+def zeros_if_nonfinite(value, weight):
+  """The update itself if finite, else zeros: inner mean factories multiply value by
+  weight, and 0 * NaN is still NaN.
+
+  `tf.cond` hands a finite update through without copying it, which matters for
+  models of millions of parameters.
   """
-  finite = is_all_finite(value) & tf.math.is_finite(tf.cast(weight, tf.float32))
-  clean_value = tf.nest.map_structure(
-      lambda t: tf.where(finite, t, tf.zeros_like(t)), as_nest(value)
-  )
-  clean_weight = tf.where(finite, tf.cast(weight, tf.float32), 0.0)
-  return clean_value, clean_weight, tf.cast(tf.logical_not(finite), tf.int32)
+  value = as_nest(value)
+  return tf.cond(
+      is_finite_update(value, weight),
+      lambda: tf.nest.map_structure(tf.identity, value),
+      lambda: tf.nest.map_structure(tf.zeros_like, value))
+
+
+def weight_if_finite(value, weight):
+  """`(weight, dropped)`: float32 weight, zeroed for a non-finite client, and an int32
+  1 for such a client, to be summed."""
+  finite = is_finite_update(value, weight)
+  return (tf.where(finite, tf.cast(weight, tf.float32), 0.0),
+          tf.cast(tf.logical_not(finite), tf.int32))

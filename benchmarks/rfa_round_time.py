@@ -1,0 +1,84 @@
+r"""Per-round wall time of robust processes against `build_weighted_fed_avg`.
+
+The paper's EMNIST ConvNet and local work (5 epochs, batch 50) on the bundled MNIST
+digits, the same clients and data for
+every process in a round. Rounds of the processes are interleaved (A, B, A, B, ...) so
+that load from anything else on the machine hits all of them alike; the first rounds
+(tracing, worker start) are discarded. Prints median seconds per round and the ratio to
+FedAvg.
+
+  .venv/bin/python -m benchmarks.rfa_round_time --clients_per_round=50 --rounds=5
+"""
+
+import collections
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow_federated as tff
+
+import tasks
+import tff_robust
+
+_CLIENTS = flags.DEFINE_integer('clients_per_round', 50, 'Clients per round.')
+_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per process.')
+_WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed first rounds.')
+_MODEL = flags.DEFINE_enum('model', 'cnn', ['cnn', 'linear'], 'EMNIST model.')
+_EPOCHS = flags.DEFINE_integer('epochs', 5, 'Local epochs (paper D.2.3: 5).')
+_MAX_ELEMENTS = flags.DEFINE_integer(
+    'max_elements', None, 'Cap on examples per client per round.')
+_AGGREGATORS = flags.DEFINE_list(
+    'aggregators', ['rfa'], 'Processes timed against FedAvg: rfa, one_step_rfa, or '
+    'any name known to baselines.registry.aggregator_from_name.')
+
+
+def build_processes(task, names):
+  client_optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.05)
+  processes = collections.OrderedDict(fed_avg=tff.learning.algorithms.build_weighted_fed_avg(
+      task.model_fn, client_optimizer))
+  for name in names:
+    if name == 'rfa':
+      processes[name] = tff_robust.build_robust_federated_aggregation_process(
+          task.model_fn, client_optimizer)
+    elif name == 'one_step_rfa':
+      processes[name] = tff_robust.build_one_step_robust_federated_aggregation_process(
+          task.model_fn, client_optimizer)
+    else:
+      from baselines import registry  # pylint: disable=g-import-not-at-top
+      processes[name] = tff_robust.build_process_with_aggregator(
+          task.model_fn, client_optimizer, None, registry.aggregator_from_name(name))
+  return processes
+
+
+def main(argv):
+  del argv
+  task = tasks.build_task(
+      'emnist', _MODEL.value, source='bundled',
+      client_spec=tasks.ClientSpec(num_epochs=_EPOCHS.value, batch_size=50,
+                                   max_elements=_MAX_ELEMENTS.value))
+  processes = build_processes(task, _AGGREGATORS.value)
+  states = {name: p.initialize() for name, p in processes.items()}
+  seconds = collections.defaultdict(list)
+  rng = np.random.default_rng(0)
+  for round_num in range(_WARMUP.value + _ROUNDS.value):
+    client_ids = rng.choice(task.train_data.client_ids, _CLIENTS.value, replace=False)
+    # Datasets are built outside the timed region: both processes get identical data.
+    datasets = [task.client_dataset(cid) for cid in client_ids]
+    for name, process in processes.items():
+      start = time.perf_counter()
+      states[name] = process.next(states[name], datasets).state
+      if round_num >= _WARMUP.value:
+        seconds[name].append(time.perf_counter() - start)
+
+  base = np.median(seconds['fed_avg'])
+  print(f'EMNIST {_MODEL.value}, {_CLIENTS.value} clients/round, '
+        f'{_ROUNDS.value} timed rounds (median seconds per round):')
+  for name, times in seconds.items():
+    print(f'  {name:<20s} {np.median(times):8.3f} s   ratio to fed_avg '
+          f'{np.median(times) / base:6.3f}   (min {np.min(times):.3f}, '
+          f'max {np.max(times):.3f})')
+
+
+if __name__ == '__main__':
+  app.run(main)
