@@ -55,6 +55,40 @@ def package_data_file(package: str, requirement: str, *relative: str) -> str:
   return require_file(path, f'Reinstall {package}: {hint}.')
 
 
+def load_tff_dataset(load_data: Callable[..., tuple], filename: str, url: str,
+                     data_dir: Optional[str], **kwargs):
+  """Calls `tff.simulation.datasets.<name>.load_data(cache_dir=data_dir, ...)`.
+
+  TFF downloads `url` into `data_dir` (default ~/.tff) when `filename` is not there;
+  a failed download or an unreadable database gets an error naming the file.
+  """
+  cache_dir = data_dir or os.path.join(os.path.expanduser('~'), '.tff')
+  path = os.path.join(cache_dir, filename)
+  existed = os.path.isfile(path)
+  try:
+    return load_data(cache_dir=cache_dir, **kwargs)
+  except Exception as e:  # pylint: disable=broad-except
+    if not existed:
+      if os.path.isfile(path) and os.path.getsize(path) == 0:
+        os.remove(path)  # Leave no empty file that would later pass for the data.
+      raise MissingDataError(
+          f'{path} not found and could not be downloaded ({e!r}). Download and unpack '
+          f'{url} (xz/lzma) into {cache_dir}, or run where TFF can download it.') from e
+    raise MalformedDataError(f'{path}: not a TFF SQLite dataset ({e!r}).') from e
+
+
+def batch_all(dataset: tf.data.Dataset, chunk: int = 4096):
+  """All elements of a finite dataset as one structure of numpy arrays (None if empty).
+
+  Reads `chunk` elements at a time (tf.data reserves memory for a whole batch, so one
+  huge batch would be slow).
+  """
+  chunks = list(dataset.batch(chunk).as_numpy_iterator())
+  if not chunks:
+    return None
+  return tf.nest.map_structure(lambda *parts: np.concatenate(parts), *chunks)
+
+
 class ArrayClientData(tff.simulation.datasets.ClientData):
   """`ClientData` over numpy arrays held in memory, one `(x, y)` pair per client.
 

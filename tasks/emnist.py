@@ -34,6 +34,7 @@ BUNDLED_CONCENTRATION = 0.5
 BUNDLED_MIN_EXAMPLES = 10
 BUNDLED_TRAIN_FRACTION = 0.8
 _PIXELS = 28 * 28
+TFF_URL = 'https://storage.googleapis.com/tff-datasets-public/emnist_all.sqlite.lzma'
 ELEMENT_SPEC = (tf.TensorSpec(models.EMNIST_SHAPE, tf.float32),
                 tf.TensorSpec([], tf.int32))
 
@@ -101,20 +102,20 @@ def _sql_client_arrays(client_data) -> dict:
   """Reads every client of a TFF EMNIST `ClientData` into `(pixels, label)` arrays."""
   clients = {}
   for client_id in client_data.client_ids:
-    pixels, labels = [], []
-    for element in client_data.create_tf_dataset_for_client(client_id):
-      pixels.append(element['pixels'].numpy())
-      labels.append(element['label'].numpy())
-    clients[client_id] = (np.array(pixels, np.float32).reshape(-1, *models.EMNIST_SHAPE),
-                          np.array(labels, np.int32))
+    batch = data_utils.batch_all(client_data.create_tf_dataset_for_client(client_id))
+    if batch is not None:
+      clients[client_id] = (
+          batch['pixels'].reshape(-1, *models.EMNIST_SHAPE).astype(np.float32),
+          batch['label'].astype(np.int32))
   return clients
 
 
 def tff_client_data(data_dir: Optional[str], only_digits: bool = False):
   """TFF's EMNIST (writers as clients) from `data_dir`/emnist_all.sqlite."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  train, test = tff.simulation.datasets.emnist.load_data(only_digits=only_digits,
-                                                         cache_dir=data_dir)
+  train, test = data_utils.load_tff_dataset(
+      tff.simulation.datasets.emnist.load_data, 'emnist_all.sqlite', TFF_URL, data_dir,
+      only_digits=only_digits)
   return (data_utils.from_client_arrays(_sql_client_arrays(train), ELEMENT_SPEC),
           data_utils.from_client_arrays(_sql_client_arrays(test), ELEMENT_SPEC))
 

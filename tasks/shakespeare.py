@@ -33,6 +33,7 @@ WINDOW = models.SHAKESPEARE_WINDOW
 NUM_CLASSES = models.SHAKESPEARE_CLASSES
 OTHER = NUM_CLASSES - 1
 MIN_EXAMPLES = 100
+TFF_URL = 'https://storage.googleapis.com/tff-datasets-public/shakespeare.sqlite.lzma'
 TRAIN_FRACTION = 0.9
 MODELS = ('lstm',)
 SOURCES = ('tff', 'bundled', 'synthetic')
@@ -190,8 +191,8 @@ def sql_client_data(train_sql, test_sql, min_examples: int = MIN_EXAMPLES):
   for client_id in train_sql.client_ids:
     parts = []
     for client_data in (train_sql, test_sql):
-      snippets = [e['snippets'].numpy()
-                  for e in client_data.create_tf_dataset_for_client(client_id)]
+      batch = data_utils.batch_all(client_data.create_tf_dataset_for_client(client_id))
+      snippets = [] if batch is None else list(batch['snippets'])
       parts.append(_snippet_ids(snippets))
     (train_ids, train_starts), (test_ids, test_starts) = parts
     if len(train_starts) + len(test_starts) >= min_examples:
@@ -203,7 +204,9 @@ def sql_client_data(train_sql, test_sql, min_examples: int = MIN_EXAMPLES):
 def tff_client_data(data_dir: Optional[str], min_examples: int = MIN_EXAMPLES):
   """TFF's Shakespeare from `data_dir`/shakespeare.sqlite."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  train, test = tff.simulation.datasets.shakespeare.load_data(cache_dir=data_dir)
+  train, test = data_utils.load_tff_dataset(
+      tff.simulation.datasets.shakespeare.load_data, 'shakespeare.sqlite', TFF_URL,
+      data_dir)
   return sql_client_data(train, test, min_examples)
 
 

@@ -328,6 +328,21 @@ class ErrorsTest(tf.test.TestCase):
     with self.assertRaisesRegex(data_utils.MissingDataError, 'No LEAF JSON file'):
       tasks.build_task('sent140', 'linear', 'leaf', data_dir=self.dir)
 
+  def test_tff_download_failure_names_file(self):
+    def offline_load_data(cache_dir):
+      raise OSError(f'no network for {cache_dir}')
+    with self.assertRaisesRegex(data_utils.MissingDataError,
+                                'shakespeare.sqlite not found.*shakespeare.sqlite.lzma'):
+      data_utils.load_tff_dataset(offline_load_data, 'shakespeare.sqlite',
+                                  shakespeare.TFF_URL, self.dir)
+
+  def test_malformed_tff_sqlite(self):
+    with open(os.path.join(self.dir, 'emnist_all.sqlite'), 'w') as f:
+      f.write('not a database')
+    with self.assertRaisesRegex(data_utils.MalformedDataError,
+                                'emnist_all.sqlite: not a TFF SQLite dataset'):
+      tasks.build_task('emnist', 'linear', 'tff', data_dir=self.dir)
+
   def test_malformed_mnist_csv(self):
     path = os.path.join(self.dir, 'mnist_5k.csv.gz')
     with gzip.open(path, 'wt') as f:
