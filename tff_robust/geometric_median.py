@@ -137,9 +137,9 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     def advance(center, proposal, frozen, previous_objective, objective):
       converged = tf.abs(previous_objective - objective) <= tolerance * objective
       frozen = tf.logical_or(frozen, converged)
-      kept = tf.nest.map_structure(
-          lambda c, p: tf.where(frozen, c, p),
-          numerics.as_nest(center), numerics.as_nest(proposal))
+      # tf.cond, unlike tf.where, hands the chosen model through without a copy.
+      kept = tf.cond(frozen, lambda: numerics.as_nest(center),
+                     lambda: numerics.as_nest(proposal))
       return kept, frozen
 
     @tff.tensorflow.computation

@@ -17,16 +17,31 @@ def as_nest(structure):
 
 
 def global_l2_norm(structure):
-  """Euclidean norm of all tensors of `structure` taken together as one vector.
+  """Euclidean norm (float64) of all tensors of `structure` taken as one vector.
 
-  Accumulates in float64 so that updates of millions of parameters with large entries
-  neither overflow nor lose the small distances the smoothed Weiszfeld weights need.
+  Squares are summed in the tensors' own dtype (no float64 copy of a model of millions
+  of parameters, which would cost more than the norm) and across tensors in float64.
+  Only if that overflows, e.g. for an attacker's 1e30-sized update, is the norm
+  recomputed on the tensors scaled by their largest entry.
   """
-  squares = [
-      tf.reduce_sum(tf.square(tf.cast(t, tf.float64)))
-      for t in tf.nest.flatten(as_nest(structure))
-  ]
-  return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0, tf.float64)
+  tensors = tf.nest.flatten(as_nest(structure))
+  if not tensors:
+    return tf.constant(0.0, tf.float64)
+
+  def sum_of_squares(scale):
+    return tf.add_n([
+        tf.cast(tf.reduce_sum(tf.square(t / tf.cast(scale, t.dtype))), tf.float64)
+        for t in tensors])
+
+  direct = tf.sqrt(sum_of_squares(tf.constant(1.0, tf.float64)))
+
+  def rescaled():
+    largest = tf.reduce_max(tf.stack([
+        tf.cast(tf.reduce_max(tf.abs(t)), tf.float64) for t in tensors]))
+    return largest * tf.sqrt(sum_of_squares(largest))
+
+  # A NaN stays NaN (callers drop such clients); only an overflow is recomputed.
+  return tf.cond(tf.math.is_inf(direct), rescaled, lambda: direct)
 
 
 def is_all_finite(structure):
