@@ -98,26 +98,29 @@ def bundled_client_data(seed: int = 0, num_clients: int = BUNDLED_NUM_CLIENTS,
           data_utils.from_client_arrays(test, ELEMENT_SPEC))
 
 
-def _sql_client_arrays(client_data) -> dict:
-  """Reads every client of a TFF EMNIST `ClientData` into `(pixels, label)` arrays."""
-  clients = {}
-  for client_id in client_data.client_ids:
-    batch = data_utils.batch_all(client_data.create_tf_dataset_for_client(client_id))
-    if batch is not None:
-      clients[client_id] = (
-          batch['pixels'].reshape(-1, *models.EMNIST_SHAPE).astype(np.float32),
+def _sql_client_arrays(client_data, client_id: str) -> tuple[np.ndarray, np.ndarray]:
+  """One client of a TFF EMNIST `ClientData` as `(pixels, label)` arrays."""
+  batch = data_utils.batch_all(client_data.create_tf_dataset_for_client(client_id))
+  if batch is None:
+    return np.zeros((0, *models.EMNIST_SHAPE), np.float32), np.zeros(0, np.int32)
+  return (batch['pixels'].reshape(-1, *models.EMNIST_SHAPE).astype(np.float32),
           batch['label'].astype(np.int32))
-  return clients
 
 
 def tff_client_data(data_dir: Optional[str], only_digits: bool = False):
-  """TFF's EMNIST (writers as clients) from `data_dir`/emnist_all.sqlite."""
+  """TFF's EMNIST (writers as clients) from `data_dir`/emnist_all.sqlite.
+
+  Clients are read from SQLite when used (all of EMNIST-62 would take ~2.5 GB as
+  float32 arrays), so `num_clients` keeps small runs small.
+  """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   train, test = data_utils.load_tff_dataset(
       tff.simulation.datasets.emnist.load_data, 'emnist_all.sqlite', TFF_URL, data_dir,
       only_digits=only_digits)
-  return (data_utils.from_client_arrays(_sql_client_arrays(train), ELEMENT_SPEC),
-          data_utils.from_client_arrays(_sql_client_arrays(test), ELEMENT_SPEC))
+  return tuple(
+      data_utils.ArrayClientData(sql.client_ids,
+                                 functools.partial(_sql_client_arrays, sql), ELEMENT_SPEC)
+      for sql in (train, test))
 
 
 def synthetic_client_data(seed: int = 0, num_clients: int = 8, num_classes: int = 62):
