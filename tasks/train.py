@@ -78,6 +78,18 @@ def _check_aggregator(values):
   return True
 
 
+@flags.multi_flags_validator(['personalization', 'client_lr_decay', 'server_momentum'],
+                             message='unsupported with --personalization')
+def _check_personalization(values):
+  if values['personalization'] != 'none' and (values['client_lr_decay'] != 1.0 or
+                                              values['server_momentum'] != 0.0):
+    raise flags.ValidationError(
+        f'--personalization={values["personalization"]} uses a constant client '
+        'learning rate and plain server SGD: leave --client_lr_decay=1 and '
+        '--server_momentum=0.')
+  return True
+
+
 _RUN_FLAGS = (common_flags.TASK_FLAGS + common_flags.TRAINING_FLAGS + (
     'attack', 'rho', 'alie_z', 'ipm_epsilon', 'aggregator', 'aggregator_args', 'seed',
     'personalization', 'ditto_lambda', 'personal_steps', 'personal_learning_rate'))
@@ -102,12 +114,18 @@ def build_simulation(task):
   if FLAGS.personalization == 'none':
     from tasks import simulation  # pylint: disable=g-import-not-at-top
     return simulation.FederatedSimulation(task, aggregator, **kwargs)
-  # Imported lazily: personalization (issue 6) is only needed when asked for.
+  # Imported lazily: personalization (issue 6) is only needed when asked for. Its
+  # simulation takes a constant client rate and plain server SGD (see the validator).
   from tasks import personalization  # pylint: disable=g-import-not-at-top
   return personalization.PersonalizedSimulation(
-      task, aggregator, method=FLAGS.personalization, ditto_lambda=FLAGS.ditto_lambda,
-      personal_steps=FLAGS.personal_steps,
-      personal_learning_rate=FLAGS.personal_learning_rate, **kwargs)
+      task, FLAGS.personalization, aggregator,
+      clients_per_round=FLAGS.clients_per_round,
+      client_learning_rate=FLAGS.client_learning_rate,
+      server_learning_rate=FLAGS.server_learning_rate,
+      ditto_lambda=FLAGS.ditto_lambda, personal_steps=FLAGS.personal_steps,
+      personal_learning_rate=FLAGS.personal_learning_rate, attack=FLAGS.attack,
+      rho=FLAGS.rho, seed=FLAGS.seed, attack_params=kwargs['attack_params'],
+      max_test_examples=FLAGS.eval_max_examples)
 
 
 def quiet_logs() -> None:
