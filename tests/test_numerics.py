@@ -20,7 +20,7 @@ def numpy_norm(s):
   return np.linalg.norm(np.concatenate([np.ravel(v).astype(np.float64) for v in s.values()]))
 
 
-class GlobalNormTest(parameterized.TestCase):
+class GlobalNormTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(1e-20, 1e-3, 1.0, 1e3, 1e19, 1e30)
   def test_matches_numpy_at_every_scale(self, scale):

@@ -7,6 +7,7 @@ never ends). Importing `tff_robust` registers `stop_worker_binaries` at exit.
 """
 
 import atexit
+import gc
 import os
 import signal
 import time
@@ -41,6 +42,18 @@ def worker_binaries() -> list[int]:
   return _children_running(_BINARY_NAME)
 
 
+def _disarm_tff_service_managers() -> None:
+  """Keeps TFF's `ServiceManager.__del__` from running during interpreter teardown.
+
+  That finalizer looks up `subprocess.Popen` when it runs; during teardown the module
+  may already be gone, which prints an ignored AttributeError. The workers it would
+  stop are stopped by `stop_worker_binaries` instead.
+  """
+  for manager in gc.get_objects():
+    if type(manager).__name__ == 'ServiceManager' and hasattr(manager, '_process'):
+      type(manager).__del__ = lambda self: None
+
+
 def stop_worker_binaries(timeout: float = 5.0) -> None:
   """Stops (SIGINT, then SIGKILL after `timeout` seconds) this process's worker_binary
   children and reaps them."""
@@ -72,4 +85,9 @@ def _reaped(pid: int, block: bool = False) -> bool:
     return True
 
 
-atexit.register(stop_worker_binaries)
+def _stop_at_exit() -> None:
+  _disarm_tff_service_managers()
+  stop_worker_binaries()
+
+
+atexit.register(_stop_at_exit)
