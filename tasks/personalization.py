@@ -43,6 +43,7 @@ from baselines import registry
 from tasks import corruption
 from tasks import data_utils
 from tasks import evaluation
+from tasks import simulation as simulation_lib
 from tasks import task as task_lib
 from tff_robust import personalization
 
@@ -58,18 +59,18 @@ class PersonalizedSimulation:
 
   Metrics of `run_round` (flat): `train_loss` (mean loss of the shared-model phase over
   the round's examples, poisoned data included), `personal_train_loss`,
-  `secure_average_calls` (the aggregator's `num_secure_average_calls`, else 1),
-  `num_clients`, `num_corrupted_clients` (this round), `num_personalized_clients`
-  (clients with personal state so far) and the aggregator's measurements as
-  `aggregator/<name>` (vectors as `aggregator/<name>/<i>`).
+  `num_examples` (Σα of the round's clients), `secure_average_calls` (the aggregator's
+  `num_secure_average_calls`, else 1), `num_clients`, `num_corrupted_clients` (this
+  round), `num_personalized_clients` (clients with personal state so far) and the
+  aggregator's measurements as `aggregator/<name>` (vectors as `aggregator/<name>/<i>`).
 
-  Metrics of `evaluate`: `accuracy`, `loss` (global model, all clients' clean test
-  data); `personalized/accuracy_mean`, `_std` (population std), `_worst10` (mean of the
-  worst 10% of clients, at least one), `personalized/loss_mean`,
-  `personalized/num_clients` (benign clients with test data), and the same statistics
-  of the global model on the same clients as `global_per_client/...` — the fair
-  comparison of Ditto's fairness metrics. Accuracy is per client (unweighted over
-  clients), as in Ditto.
+  Metrics of `evaluate`: `test_accuracy`, `test_loss` (global model, all clients' clean
+  test data, as in `tasks.simulation.FederatedSimulation`);
+  `personalized/accuracy_mean`, `_std` (population std), `_worst10` (mean of the worst
+  10% of clients, at least one), `personalized/loss_mean`, `personalized/num_clients`
+  (benign clients with test data), and the same statistics of the global model on the
+  same clients as `global_per_client/...`, the fair comparison for Ditto's fairness
+  metrics. Accuracy is per client (unweighted over clients), as in Ditto.
   """
 
   def __init__(self, task: task_lib.Task, method: str,
@@ -161,9 +162,12 @@ class PersonalizedSimulation:
 
   def run_round(self, state, round_num: int):
     """One round; returns the new state and the round's flat metrics."""
+    # Seeds the local shuffles as tasks.simulation does: a resumed round sees the same
+    # batches as the original.
+    tf.random.set_seed(self._seed * 1_000_003 + round_num)
     global_weights = [np.asarray(w) for w in state['global_weights']]
     personal = _unpack_personal(state['personal'])
-    client_ids = self._sample_clients(round_num)
+    client_ids = self.sample_clients(round_num)
     corrupted = np.array([c in self._corrupted for c in client_ids])
     weights = np.array([self._task.client_weights[c] for c in client_ids], np.float32)
 
@@ -186,8 +190,10 @@ class PersonalizedSimulation:
     new_state = collections.OrderedDict(
         global_weights=new_global, aggregator_state=output.state,
         personal=_pack_personal(personal, self._shapes, self._dtypes))
-    return new_state, self._round_metrics(output.measurements, shared_stats,
-                                          personal_stats, corrupted, len(personal))
+    metrics = self._round_metrics(output.measurements, shared_stats, personal_stats,
+                                  corrupted, len(personal))
+    metrics['num_examples'] = int(np.sum(weights))  # Σα of the round.
+    return new_state, metrics
 
   def evaluate(self, state) -> collections.OrderedDict:
     """Global clean test metrics and per-client personal / global statistics."""
@@ -197,8 +203,8 @@ class PersonalizedSimulation:
         self._task.keras_model_fn, self._model_weights(global_weights),
         self._task.centralized_test_dataset(self._eval_batch_size,
                                             self._max_test_examples))
-    metrics['accuracy'] = central['accuracy']
-    metrics['loss'] = central['loss']
+    metrics['test_accuracy'] = central['accuracy']
+    metrics['test_loss'] = central['loss']
     personal_models = self.personal_models(state)
     personal_results, global_results = [], []
     for client_id, x, y in self._eval_tensors():
@@ -248,13 +254,14 @@ class PersonalizedSimulation:
       return dataset
     return dataset.repeat().take(self._personal_steps)
 
-  def _sample_clients(self, round_num: int) -> list[str]:
-    # Seeded by (seed, round) so a resumed run samples what the original would have.
-    # Private helper: tasks/simulation.py had not landed when this was written.
+  def sample_clients(self, round_num: int) -> list[str]:
+    """The clients of round `round_num`: the same rule (and so the same clients) as
+    `tasks.simulation.FederatedSimulation.sample_clients`, a function of seed and round
+    only, so a resumed run samples what the original would have."""
     rng = np.random.default_rng([self._seed, round_num])
     count = min(self._clients_per_round, len(self._client_ids))
-    return [self._client_ids[i] for i in rng.choice(len(self._client_ids), count,
-                                                    replace=False)]
+    chosen = rng.choice(len(self._client_ids), count, replace=False)
+    return [self._client_ids[i] for i in sorted(chosen)]
 
   def _benign_eval_clients(self, limit: Optional[int]) -> list[str]:
     with_test_data = set(self._task.test_data.client_ids)
@@ -298,7 +305,8 @@ class PersonalizedSimulation:
         num_clients=len(corrupted),
         num_corrupted_clients=int(np.sum(corrupted)),
         num_personalized_clients=num_personalized)
-    metrics.update(flatten_measurements('aggregator', measurements))
+    metrics.update((f'aggregator/{k}', v)
+                   for k, v in simulation_lib.flatten_metrics(measurements).items())
     return metrics
 
 
@@ -348,25 +356,6 @@ def client_statistics(prefix: str, results: list[dict[str, float]]
     stats[f'{prefix}/loss_mean'] = float(losses.mean())
   stats[f'{prefix}/num_clients'] = len(accuracies)
   return stats
-
-
-def flatten_measurements(prefix: str, structure) -> collections.OrderedDict:
-  """Nested measurements as `prefix/a/b` scalars; vectors as `prefix/a/b/i`."""
-  flat = collections.OrderedDict()
-  if isinstance(structure, dict):
-    for key, value in structure.items():
-      flat.update(flatten_measurements(f'{prefix}/{key}', value))
-  elif isinstance(structure, (list, tuple)):
-    for i, value in enumerate(structure):
-      flat.update(flatten_measurements(f'{prefix}/{i}', value))
-  else:
-    array = np.asarray(structure)
-    if array.ndim == 0:
-      flat[prefix] = array.item()
-    else:
-      for i, value in enumerate(array.ravel()):
-        flat[f'{prefix}/{i}'] = value.item()
-  return flat
 
 
 def _pack_personal(store: dict[str, personalization.Weights], shapes, dtypes

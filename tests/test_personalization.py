@@ -363,7 +363,7 @@ class BundledEndToEndTest(tf.test.TestCase, parameterized.TestCase):
                         if c not in simulation.corrupted_clients
                         and c in set(task.test_data.client_ids)]
     self.assertEqual(results['personalized/num_clients'], len(benign_with_test))
-    for key in ('accuracy', 'loss', 'personalized/accuracy_mean',
+    for key in ('test_accuracy', 'test_loss', 'personalized/accuracy_mean',
                 'personalized/accuracy_std', 'personalized/accuracy_worst10',
                 'global_per_client/accuracy_mean'):
       self.assertTrue(np.isfinite(results[key]), key)
