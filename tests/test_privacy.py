@@ -61,6 +61,14 @@ SECURE_COMPATIBLE = (
         inner_mean_factory=inner, report_max_effective_weight=report)),
     ('one_step_gm', lambda inner, report: tff_robust.one_step_geometric_median_factory(
         inner_mean_factory=inner, report_max_effective_weight=report)),
+    # γ-mean and GMA reveal no maximum at all: `report` does not apply to them.
+    ('gamma_mean', lambda inner, report: tff_robust.GammaMeanFactory(
+        inner_mean_factory=inner)),
+    ('gamma_mean_diagonal', lambda inner, report: tff_robust.GammaMeanFactory(
+        covariance='diagonal', inner_mean_factory=inner)),
+    ('gma', lambda inner, report: tff_robust.GradientMaskedAveragingFactory(
+        inner_mean_factory=inner,
+        sign_sum_factory=tff.aggregators.SecureSumFactory(1.0, -1.0))),
 )
 
 

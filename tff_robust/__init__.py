@@ -1,12 +1,23 @@
 """tff_robust: robust aggregation for TensorFlow Federated.
 
+Aggregation factories (plug into `model_aggregator=` of any TFF learning builder):
+  GeometricMedianFactory, one_step_geometric_median_factory  (RFA)
+  GammaMeanFactory                                           (γ-mean)
+  GradientMaskedAveragingFactory                             (GMA)
+  DifferentiallyPrivateWeightedMeanFactory                   (DP inner mean)
+Learning processes (drop-in for `tff.learning.algorithms.build_weighted_fed_avg`):
+  build_robust_federated_aggregation_process, build_one_step_robust_federated_aggregation_process,
+  build_process_with_aggregator.
+
 Importing the package also makes sure no TFF `worker_binary` outlives the interpreter
 (see `tff_robust.runtime`).
 """
 
 from tff_robust import runtime
+from tff_robust.gamma_mean import GammaMeanFactory
 from tff_robust.geometric_median import GeometricMedianFactory
 from tff_robust.geometric_median import one_step_geometric_median_factory
+from tff_robust.gradient_masking import GradientMaskedAveragingFactory
 from tff_robust.learning import build_one_step_robust_federated_aggregation_process
 from tff_robust.learning import build_process_with_aggregator
 from tff_robust.learning import build_robust_federated_aggregation_process
