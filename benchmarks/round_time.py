@@ -19,6 +19,7 @@ from absl import flags
 import numpy as np
 import tensorflow_federated as tff
 
+from baselines import registry
 import tasks
 import tff_robust
 
@@ -46,7 +47,6 @@ def build_processes(task, names):
       processes[name] = tff_robust.build_one_step_robust_federated_aggregation_process(
           task.model_fn, client_optimizer)
     else:
-      from baselines import registry  # pylint: disable=g-import-not-at-top
       processes[name] = tff_robust.build_process_with_aggregator(
           task.model_fn, client_optimizer, None, registry.aggregator_from_name(name))
   return processes
