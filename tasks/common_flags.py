@@ -10,6 +10,8 @@ import ast
 from typing import Any, Optional, Sequence
 
 from absl import flags
+from absl import logging
+import tensorflow as tf
 import tensorflow_federated as tff
 
 import tasks
@@ -202,3 +204,10 @@ TASK_FLAGS = ('task', 'model', 'data_source', 'data_dir', 'num_clients',
 TRAINING_FLAGS = ('rounds', 'clients_per_round', 'client_learning_rate',
                   'client_lr_decay', 'client_lr_decay_period', 'server_learning_rate',
                   'server_momentum', 'eval_period', 'eval_max_examples')
+
+
+def quiet_logs() -> None:
+  """Keeps TensorFlow's per-checkpoint INFO lines out of the way unless -v is given."""
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+    tf.get_logger().setLevel('ERROR')

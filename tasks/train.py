@@ -30,7 +30,6 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-import tensorflow as tf
 
 import tff_robust  # pylint: disable=unused-import  (stops TFF's worker_binary at exit)
 from baselines import registry
@@ -128,17 +127,10 @@ def build_simulation(task):
       max_test_examples=FLAGS.eval_max_examples)
 
 
-def quiet_logs() -> None:
-  """Keeps TensorFlow's per-checkpoint INFO lines out of the way unless -v is given."""
-  if not FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
-    tf.get_logger().setLevel('ERROR')
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
-  quiet_logs()
+  common_flags.quiet_logs()
   output_dir = os.path.join(FLAGS.root_output_dir, experiment_name())
   try:
     experiment.check_config(output_dir, common_flags.run_config(_RUN_FLAGS))
