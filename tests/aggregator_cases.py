@@ -103,3 +103,16 @@ def input_cases(inputs=tuple(INPUTS), weights=tuple(WEIGHTS)):
   """`named_parameters` cases over input kinds × weightings."""
   return [dict(testcase_name=f'{i}_{w}', inputs=i, weights=w)
           for i in inputs for w in weights]
+
+
+class SecureSumContextMixin:
+  """Runs a test case's tests in TFF's test context, where secure-sum intrinsics run
+  (as plain sums); the default context cannot embed them."""
+
+  def setUp(self):
+    super().setUp()
+    tff.backends.test.set_sync_test_cpp_execution_context()
+
+  def tearDown(self):
+    tff.backends.native.set_sync_local_cpp_execution_context()
+    super().tearDown()

@@ -154,16 +154,8 @@ class InvalidArgumentsTest(parameterized.TestCase):
       GammaMeanFactory(**kwargs)
 
 
-class SecureSumCompositionTest(parameterized.TestCase):
+class SecureSumCompositionTest(cases.SecureSumContextMixin, parameterized.TestCase):
 
-  def setUp(self):
-    super().setUp()
-    # Secure sum intrinsics only run in TFF's test context (as plain sums).
-    tff.backends.test.set_sync_test_cpp_execution_context()
-
-  def tearDown(self):
-    tff.backends.native.set_sync_local_cpp_execution_context()
-    super().tearDown()
 
   @parameterized.named_parameters(('identity', 'identity'), ('diagonal', 'diagonal'))
   def test_secure_inner_mean_matches_reference_up_to_quantisation(self, covariance):

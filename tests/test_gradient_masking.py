@@ -89,16 +89,8 @@ class InvalidArgumentsTest(parameterized.TestCase):
       GradientMaskedAveragingFactory(sign_sum_factory=tff.aggregators.MeanFactory())
 
 
-class SecureSumCompositionTest(tf.test.TestCase):
+class SecureSumCompositionTest(cases.SecureSumContextMixin, tf.test.TestCase):
 
-  def setUp(self):
-    super().setUp()
-    # Secure sum intrinsics only run in TFF's test context (as plain sums).
-    tff.backends.test.set_sync_test_cpp_execution_context()
-
-  def tearDown(self):
-    tff.backends.native.set_sync_local_cpp_execution_context()
-    super().tearDown()
 
   def test_secure_sums_match_the_plain_result_up_to_quantisation(self):
     x, w = cases.random_inputs(25), cases.random_weights()

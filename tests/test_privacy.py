@@ -15,6 +15,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
 
+import aggregator_cases
 import tff_robust
 
 VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
@@ -99,16 +100,9 @@ class CompiledComputationPrivacyTest(parameterized.TestCase):
         self.assertIn(uri, SECURE_SUMS, f'{uri} moves {member} to the server')
 
 
-class SecureSumCompositionTest(parameterized.TestCase):
+class SecureSumCompositionTest(aggregator_cases.SecureSumContextMixin,
+                               parameterized.TestCase):
 
-  def setUp(self):
-    super().setUp()
-    # Secure sum intrinsics only run in TFF's test context (as plain sums).
-    tff.backends.test.set_sync_test_cpp_execution_context()
-
-  def tearDown(self):
-    tff.backends.native.set_sync_local_cpp_execution_context()
-    super().tearDown()
 
   @parameterized.named_parameters(*SECURE_COMPATIBLE)
   def test_secure_inner_mean_matches_plain_mean_up_to_quantisation(self, build):
