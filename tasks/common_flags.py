@@ -30,8 +30,22 @@ _SOURCES_NEEDING_DATA_DIR = {
 }
 
 
+_DEFINED_GROUPS = set()
+
+
+def _first_definition(group: str) -> bool:
+  """True the first time `group` is defined: `tasks.train` and `tasks.sweep` share
+  these flags and may both be imported in one process (e.g. a test session)."""
+  if group in _DEFINED_GROUPS:
+    return False
+  _DEFINED_GROUPS.add(group)
+  return True
+
+
 def define_task_flags() -> None:
   """--task, --model, --data_source, --data_dir, --num_clients and client spec."""
+  if not _first_definition('task'):
+    return
   known = tasks.known_tasks()
   flags.DEFINE_enum('task', 'emnist', list(known), 'Benchmark task (RFA paper D.1).')
   models = sorted({m for spec in known.values() for m in spec['models']})
@@ -77,6 +91,8 @@ def define_task_flags() -> None:
 
 def define_training_flags() -> None:
   """Rounds, clients per round, learning-rate schedule, evaluation and output."""
+  if not _first_definition('training'):
+    return
   flags.DEFINE_integer('rounds', 20, 'Federated rounds (outer iterations).',
                        lower_bound=1)
   flags.DEFINE_integer('clients_per_round', 10, 'Clients sampled uniformly without '
@@ -107,7 +123,7 @@ def define_training_flags() -> None:
 
 def define_attack_flags(single: bool = True) -> None:
   """--attack/--rho (one run) and the attacks' parameters."""
-  if single:
+  if single and _first_definition('single_attack'):
     flags.DEFINE_enum('attack', 'none', list(corruption.ATTACKS),
                       'Corruption model (RFA paper D.2.1 and beyond): ' +
                       ', '.join(f'{k} ({v})' for k, v in corruption.ATTACKS.items()) + '.')
@@ -115,6 +131,8 @@ def define_attack_flags(single: bool = True) -> None:
                        'clients\' share of the total weight.')
     flags.register_validator('rho', lambda v: 0.0 <= v < 0.5,
                              message='--rho must be in [0, 0.5).')
+  if not _first_definition('attack_params'):
+    return
   flags.DEFINE_float('alie_z', corruption.DEFAULT_ALIE_Z, 'z of the ALIE attack '
                      '(mean − z·std).')
   flags.DEFINE_float('ipm_epsilon', corruption.DEFAULT_IPM_EPSILON, 'ε of the IPM '
@@ -122,6 +140,8 @@ def define_attack_flags(single: bool = True) -> None:
 
 
 def define_aggregator_args_flag() -> None:
+  if not _first_definition('aggregator_args'):
+    return
   flags.DEFINE_list(
       'aggregator_args', [],
       'Hyperparameters of the aggregator(s), passed as keyword arguments to '
