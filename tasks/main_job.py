@@ -45,8 +45,13 @@ for _name, _value in DEFAULTS.items():
   FLAGS.set_default(_name, _value)
 
 flags.DEFINE_string('results_markdown', os.path.join(_REPO, 'results', 'main_job.md'),
-                    'Where to also write the markdown table (the README embeds it); '
-                    'empty to skip.')
+                    'Where to also write the markdown table; empty to skip.')
+flags.DEFINE_string('readme', os.path.join(_REPO, 'README.md'),
+                    'README whose section between the main-job markers gets the new '
+                    'table; empty to skip.')
+
+README_BEGIN = '<!-- main_job:begin -->'
+README_END = '<!-- main_job:end -->'
 
 _AGGREGATOR_NAMES = {
     'mean': 'FedAvg (mean)', 'gm': 'RFA (gm)', 'one_step_gm': 'one-step RFA',
@@ -66,6 +71,20 @@ def _results_page(table: str, seconds: float) -> str:
           'do not edit. -->\n\n' + protocol + '\n\n' + table)
 
 
+def update_readme(readme_path: str, page: str) -> None:
+  """Replaces the README's text between README_BEGIN and README_END by `page`."""
+  with open(readme_path, encoding='utf-8') as f:
+    readme = f.read()
+  begin, end = readme.find(README_BEGIN), readme.find(README_END)
+  if begin < 0 or end < begin:
+    print(f'{readme_path} has no {README_BEGIN} ... {README_END} section; not updated.',
+          file=sys.stderr)
+    return
+  with open(readme_path, 'w', encoding='utf-8') as f:
+    f.write(readme[:begin + len(README_BEGIN)] + '\n' + page.rstrip() + '\n' +
+            readme[end:])
+
+
 def main(argv):
   start = time.time()
   sweep.main(argv)
@@ -79,6 +98,8 @@ def main(argv):
     os.makedirs(os.path.dirname(FLAGS.results_markdown), exist_ok=True)
     with open(FLAGS.results_markdown, 'w') as f:
       f.write(page)
+  if FLAGS.readme:
+    update_readme(FLAGS.readme, page)
   print(f'Main job finished in {elapsed / 60:.1f} minutes; table, summary.csv and plots '
         f'in {FLAGS.output_dir}.', file=sys.stderr)
 
