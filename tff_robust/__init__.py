@@ -5,6 +5,7 @@ Aggregation factories (plug into `model_aggregator=` of any TFF learning builder
   GammaMeanFactory                                           (γ-mean)
   GradientMaskedAveragingFactory                             (GMA)
   DifferentiallyPrivateWeightedMeanFactory                   (DP inner mean)
+Personalization (client side: Ditto, personalized RFA): PersonalizationClient.
 Learning processes (drop-in for `tff.learning.algorithms.build_weighted_fed_avg`):
   build_robust_federated_aggregation_process, build_one_step_robust_federated_aggregation_process,
   build_process_with_aggregator.
@@ -21,4 +22,5 @@ from tff_robust.gradient_masking import GradientMaskedAveragingFactory
 from tff_robust.learning import build_one_step_robust_federated_aggregation_process
 from tff_robust.learning import build_process_with_aggregator
 from tff_robust.learning import build_robust_federated_aggregation_process
+from tff_robust.personalization import PersonalizationClient
 from tff_robust.privacy import DifferentiallyPrivateWeightedMeanFactory
