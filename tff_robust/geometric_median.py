@@ -144,6 +144,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
 
     @tff.tensorflow.computation
     def not_frozen():
+      # (frozen, objective of the previous estimate, passes applied so far).
       return tf.constant(False), tf.constant(np.inf, tf.float64), tf.constant(1)
 
     @tff.tensorflow.computation(tf.bool, tf.int32)
@@ -168,12 +169,10 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
       else:
         beta = alpha
       output = inner.next(state, value, beta)
-      effective_weights = [self._effective_weight(beta)]
+      effective_weights = [self._max_effective_weight(beta)]
       center = output.result
-      frozen_objective_passes = tff.federated_eval(not_frozen, tff.SERVER)
-      frozen, previous_objective, passes = (frozen_objective_passes[0],
-                                            frozen_objective_passes[1],
-                                            frozen_objective_passes[2])
+      loop_start = tff.federated_eval(not_frozen, tff.SERVER)
+      frozen, previous_objective, passes = loop_start[0], loop_start[1], loop_start[2]
       objectives = []
 
       for _ in range(self._num_passes - 1):
@@ -183,7 +182,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
         objective = tff.federated_sum(beta_and_term[1])
         objectives.append(objective)
         output = inner.next(output.state, value, beta)
-        effective_weights.append(self._effective_weight(beta))
+        effective_weights.append(self._max_effective_weight(beta))
         kept_and_frozen = tff.federated_map(
             advance, (center, output.result, frozen, previous_objective, objective))
         center, frozen = kept_and_frozen[0], kept_and_frozen[1]
@@ -212,9 +211,10 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
-  def _effective_weight(self, weights):
+  def _max_effective_weight(self, weights):
+    """max_i β_i / Σβ of one pass at SERVER, or None when it is not reported."""
     if not self._report_max_weight:
-      return tff.federated_value(0.0, tff.SERVER)
+      return None
     weight_sum, max_weight = iterative_mean.weight_statistics(weights)
     return tff.federated_map(iterative_mean.effective_weight, (max_weight, weight_sum))
 

@@ -8,8 +8,6 @@ single client's value: only the inner factory's aggregate and sums of client sca
 """
 
 import collections
-from typing import Optional
-
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -117,11 +115,6 @@ def stack_at_server(server_scalars):
 @tff.tensorflow.computation(tff.TensorType(np.float32, [None]))
 def max_of_vector(vector):
   return tf.reduce_max(vector)
-
-
-def pass_inner_measurements(inner_measurements: Optional[list]):
-  """The inner factory's measurements of the last pass (the pass producing the result)."""
-  return inner_measurements[-1]
 
 
 def tensor_types(value_type) -> list:
