@@ -33,14 +33,23 @@ class GlobalNormTest(tf.test.TestCase, parameterized.TestCase):
     s['bias'][3] = np.nan
     self.assertTrue(np.isnan(numerics.global_l2_norm(s)))
 
-  def test_zeros_if_nonfinite(self):
+  @parameterized.parameters(1e-3, 1.0, 1e30)
+  def test_distance_matches_numpy(self, scale):
+    a, b = structure(scale, seed=1), structure(scale, seed=2)
+    expected = numpy_norm(collections.OrderedDict(
+        (k, a[k].astype(np.float64) - b[k]) for k in a))
+    self.assertAllClose(numerics.global_l2_distance(a, b), expected, rtol=1e-5)
+
+  def test_nonfinite_client_is_dropped_and_zeroed(self):
     s = structure(1.0)
-    self.assertAllEqual(numerics.zeros_if_nonfinite(s, 2.0)['kernel'], s['kernel'])
+    weight, dropped = numerics.weight_if_finite(s, 2.0)
+    self.assertEqual((float(weight), int(dropped)), (2.0, 0))
+    self.assertAllEqual(numerics.zeros_if_dropped(s, dropped)['kernel'], s['kernel'])
     s['kernel'][0, 0] = np.inf
-    self.assertAllEqual(numerics.zeros_if_nonfinite(s, 2.0)['kernel'],
-                        np.zeros_like(s['kernel']))
     weight, dropped = numerics.weight_if_finite(s, 2.0)
     self.assertEqual((float(weight), int(dropped)), (0.0, 1))
+    self.assertAllEqual(numerics.zeros_if_dropped(s, dropped)['kernel'],
+                        np.zeros_like(s['kernel']))
 
 
 if __name__ == '__main__':

@@ -123,14 +123,14 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
 
     @tff.tensorflow.computation(value_type, value_type, tf.float32)
     def weiszfeld_weight(center, value, weight):
-      distance = numerics.global_l2_norm(numerics.subtract(value, center))
+      distance = numerics.global_l2_distance(value, center)
       beta = weight / tf.cast(tf.maximum(distance, nu), tf.float32)
       objective_term = tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
       return beta, objective_term
 
     @tff.tensorflow.computation(value_type, value_type, tf.float32)
     def objective_term(center, value, weight):
-      distance = numerics.global_l2_norm(numerics.subtract(value, center))
+      distance = numerics.global_l2_distance(value, center)
       return tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
 
     @tff.tensorflow.computation(value_type, value_type, tf.bool, tf.float64, tf.float64)

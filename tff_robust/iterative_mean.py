@@ -8,6 +8,7 @@ single client's value: only the inner factory's aggregate and sums of client sca
 """
 
 import collections
+
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -70,19 +71,21 @@ def drop_nonfinite_clients(value_type, weight_type, value, weight):
   """
 
   @tff.tensorflow.computation(value_type, weight_type)
-  def clean_value(client_value, client_weight):
-    return numerics.zeros_if_nonfinite(client_value, client_weight)
-
-  @tff.tensorflow.computation(value_type, weight_type)
   def clean_weight(client_value, client_weight):
     return numerics.weight_if_finite(client_value, client_weight)
 
-  # Two maps rather than one returning a struct: selecting the value out of a struct
-  # at CLIENTS would copy every client's update once more.
+  @tff.tensorflow.computation(value_type, tf.int32)
+  def clean_value(client_value, dropped):
+    return numerics.zeros_if_dropped(client_value, dropped)
+
+  # The finiteness scan runs once, in `clean_weight`; `clean_value` only reads its
+  # verdict. Two maps rather than one returning a struct: selecting the value out of a
+  # struct at CLIENTS would copy every client's update once more.
   weight_and_dropped = tff.federated_map(clean_weight, (value, weight))
-  return (tff.federated_map(clean_value, (value, weight)),
+  dropped = weight_and_dropped[1]
+  return (tff.federated_map(clean_value, (value, dropped)),
           weight_and_dropped[0],
-          tff.federated_sum(weight_and_dropped[1]))
+          tff.federated_sum(dropped))
 
 
 def weight_statistics(weights):

@@ -19,39 +19,46 @@ def as_nest(structure):
 def global_l2_norm(structure):
   """Euclidean norm (float64) of all tensors of `structure` taken as one vector.
 
-  Squares are summed in the tensors' own dtype (no float64 copy of a model of millions
-  of parameters, which would cost more than the norm) and across tensors in float64.
-  Only if that overflows, e.g. for an attacker's 1e30-sized update, is the norm
-  recomputed on the tensors scaled by their largest entry.
+  Squares are summed in the tensors' own dtype (a float64 copy of a model of millions
+  of parameters would cost more than the norm) and across tensors in float64. Only if
+  that overflows, e.g. for an attacker's 1e30-sized update, is the norm recomputed on
+  the tensors scaled by their largest entry. A NaN stays NaN.
   """
   tensors = tf.nest.flatten(as_nest(structure))
-  if not tensors:
+  direct = _sqrt_of_sum([tf.reduce_sum(tf.square(t)) for t in tensors])
+  return tf.cond(tf.math.is_inf(direct), lambda: _rescaled_norm(tensors),
+                 lambda: direct)
+
+
+def global_l2_distance(a, b):
+  """‖a − b‖ over whole structures, as `global_l2_norm(a − b)` but without
+  materialising a − b and its square separately: one temporary per tensor, not three,
+  which is most of the cost of a Weiszfeld pass on a large model."""
+  pairs = list(zip(tf.nest.flatten(as_nest(a)), tf.nest.flatten(as_nest(b))))
+  direct = _sqrt_of_sum(
+      [tf.reduce_sum(tf.math.squared_difference(x, y)) for x, y in pairs])
+  return tf.cond(tf.math.is_inf(direct),
+                 lambda: _rescaled_norm([x - y for x, y in pairs]),
+                 lambda: direct)
+
+
+def _sqrt_of_sum(partial_sums):
+  if not partial_sums:
     return tf.constant(0.0, tf.float64)
+  return tf.sqrt(tf.add_n([tf.cast(p, tf.float64) for p in partial_sums]))
 
-  def sum_of_squares(scale):
-    return tf.add_n([
-        tf.cast(tf.reduce_sum(tf.square(t / tf.cast(scale, t.dtype))), tf.float64)
-        for t in tensors])
 
-  direct = tf.sqrt(sum_of_squares(tf.constant(1.0, tf.float64)))
-
-  def rescaled():
-    largest = tf.reduce_max(tf.stack([
-        tf.cast(tf.reduce_max(tf.abs(t)), tf.float64) for t in tensors]))
-    return largest * tf.sqrt(sum_of_squares(largest))
-
-  # A NaN stays NaN (callers drop such clients); only an overflow is recomputed.
-  return tf.cond(tf.math.is_inf(direct), rescaled, lambda: direct)
+def _rescaled_norm(tensors):
+  largest = tf.reduce_max(tf.stack(
+      [tf.cast(tf.reduce_max(tf.abs(t)), tf.float64) for t in tensors]))
+  return largest * _sqrt_of_sum(
+      [tf.reduce_sum(tf.square(t / tf.cast(largest, t.dtype))) for t in tensors])
 
 
 def is_all_finite(structure):
   """True iff no tensor of `structure` holds a NaN or an infinity."""
   checks = [tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(as_nest(structure))]
   return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
-
-
-def subtract(a, b):
-  return tf.nest.map_structure(tf.subtract, as_nest(a), as_nest(b))
 
 
 def scale(structure, factor):
@@ -64,18 +71,18 @@ def is_finite_update(value, weight):
   return is_all_finite(value) & tf.math.is_finite(tf.cast(weight, tf.float32))
 
 
-def zeros_if_nonfinite(value, weight):
-  """The update itself if finite, else zeros: inner mean factories multiply value by
-  weight, and 0 * NaN is still NaN.
+def zeros_if_dropped(value, dropped):
+  """The update itself, or zeros for a dropped client: inner mean factories multiply
+  value by weight, and 0 * NaN is still NaN.
 
-  `tf.cond` hands a finite update through without copying it, which matters for
-  models of millions of parameters.
+  `tf.cond` hands a kept update through without copying it, which matters for models
+  of millions of parameters.
   """
   value = as_nest(value)
   return tf.cond(
-      is_finite_update(value, weight),
-      lambda: tf.nest.map_structure(tf.identity, value),
-      lambda: tf.nest.map_structure(tf.zeros_like, value))
+      dropped > 0,
+      lambda: tf.nest.map_structure(tf.zeros_like, value),
+      lambda: tf.nest.map_structure(tf.identity, value))
 
 
 def weight_if_finite(value, weight):
