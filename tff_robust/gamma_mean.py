@@ -24,22 +24,24 @@ DEFAULT_GAMMA = 0.5  # The paper's federated experiments (Section 4.2).
 UNDERFLOW_WEIGHT = 1e-30
 
 
-def _float64_leaves(structure):
-  return [tf.cast(t, tf.float64) for t in tf.nest.flatten(numerics.as_nest(structure))]
+def _leaves(structure):
+  return tf.nest.flatten(numerics.as_nest(structure))
 
 
 def squared_distance(value, center):
-  """‖x − μ‖² over the whole structure, in float64."""
-  terms = [tf.reduce_sum(tf.square(x - c))
-           for x, c in zip(_float64_leaves(value), _float64_leaves(center))]
-  return tf.add_n(terms) if terms else tf.constant(0.0, tf.float64)
+  """‖x − μ‖² over the whole structure (float64; see `numerics.global_l2_distance`)."""
+  return tf.square(numerics.global_l2_distance(value, center))
 
 
 def scaled_squared_distance(value, center, variance):
-  """Σ_j (x_j − μ_j)² / σ_j² over the whole structure, in float64."""
+  """Σ_j (x_j − μ_j)² / σ_j² over the whole structure, summed across tensors in float64.
+
+  Per tensor in its own dtype: float64 copies of a large model would cost more than
+  the distance. An overflow gives +inf, i.e. weight exp(−inf) = 0, the right limit.
+  """
   terms = [
-      tf.reduce_sum(tf.square(x - c) / v) for x, c, v in zip(
-          _float64_leaves(value), _float64_leaves(center), _float64_leaves(variance))
+      tf.cast(tf.reduce_sum(tf.math.squared_difference(x, c) / v), tf.float64)
+      for x, c, v in zip(_leaves(value), _leaves(center), _leaves(variance))
   ]
   return tf.add_n(terms) if terms else tf.constant(0.0, tf.float64)
 
