@@ -179,10 +179,13 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
         beta_and_term = tff.federated_map(
             weiszfeld_weight, (tff.federated_broadcast(center), value, alpha))
         beta = beta_and_term[0]
-        objective = tff.federated_sum(beta_and_term[1])
+        # One sum of the pair gives Σβ and g_ν(center) (fewer per-client operations).
+        beta_sum_and_objective = tff.federated_sum(beta_and_term)
+        objective = beta_sum_and_objective[1]
         objectives.append(objective)
         output = inner.next(output.state, value, beta)
-        effective_weights.append(self._max_effective_weight(beta))
+        effective_weights.append(
+            self._max_effective_weight(beta, beta_sum_and_objective[0]))
         kept_and_frozen = tff.federated_map(
             advance, (center, output.result, frozen, previous_objective, objective))
         center, frozen = kept_and_frozen[0], kept_and_frozen[1]
@@ -211,12 +214,14 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
-  def _max_effective_weight(self, weights):
+  def _max_effective_weight(self, weights, weight_sum=None):
     """max_i β_i / Σβ of one pass at SERVER, or None when it is not reported."""
     if not self._report_max_weight:
       return None
-    weight_sum, max_weight = iterative_mean.weight_statistics(weights)
-    return tff.federated_map(iterative_mean.effective_weight, (max_weight, weight_sum))
+    if weight_sum is None:
+      weight_sum = tff.federated_sum(weights)
+    return tff.federated_map(
+        iterative_mean.effective_weight, (tff.federated_max(weights), weight_sum))
 
 
 def one_step_geometric_median_factory(

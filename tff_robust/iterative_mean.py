@@ -88,16 +88,6 @@ def drop_nonfinite_clients(value_type, weight_type, value, weight):
           tff.federated_sum(dropped))
 
 
-def weight_statistics(weights):
-  """Sum and maximum of the client weights of one pass, both at SERVER.
-
-  The maximum is the only order statistic an iterative aggregate reveals: one float per
-  pass, the largest client weight (never a client's value). Set
-  `report_max_effective_weight=False` on the factories to drop it.
-  """
-  return tff.federated_sum(weights), tff.federated_max(weights)
-
-
 @tff.tensorflow.computation(tf.float32, tf.float32)
 def effective_weight(max_weight, weight_sum):
   return tf.math.divide_no_nan(max_weight, weight_sum)
