@@ -38,6 +38,16 @@ _AGGREGATORS = flags.DEFINE_list(
     'any name known to baselines.registry.aggregator_from_name.')
 
 
+_BYZANTINE_FRACTION = flags.DEFINE_float(
+    'byzantine_fraction', 0.25, 'Krum and multi-Krum: the assumed corrupted fraction.')
+
+
+def aggregator_kwargs(name):
+  if name in ('krum', 'multi_krum'):
+    return dict(byzantine_fraction=_BYZANTINE_FRACTION.value)
+  return {}
+
+
 def build_processes(task, names):
   client_optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.05)
   processes = collections.OrderedDict(fed_avg=tff.learning.algorithms.build_weighted_fed_avg(
@@ -51,7 +61,7 @@ def build_processes(task, names):
           task.model_fn, client_optimizer)
     else:
       processes[name] = tff_robust.build_process_with_aggregator(
-          task.model_fn, client_optimizer, None, registry.aggregator_from_name(name))
+          task.model_fn, client_optimizer, None, registry.aggregator_from_name(name, **aggregator_kwargs(name)))
   return processes
 
 

@@ -1,6 +1,7 @@
 """No TFF worker_binary outlives a Python process that imported tff_robust."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -37,3 +38,23 @@ def test_worker_binary_stops_with_the_interpreter():
   assert workers, 'the computation should have started a worker_binary'
   assert not [pid for pid in workers if is_running(pid)]
   assert 'Exception ignored' not in result.stderr, result.stderr
+
+
+def test_worker_binary_stops_when_the_interpreter_is_terminated():
+  program = PROGRAM + "import sys, time\nsys.stdout.flush()\ntime.sleep(600)\n"
+  child = subprocess.Popen(
+      [sys.executable, '-c', program], stdout=subprocess.PIPE, text=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+  try:
+    line = ''
+    while not line.startswith('WORKERS'):
+      line = child.stdout.readline()
+      assert line, 'the child ended before reporting its workers'
+    workers = [int(pid) for pid in line.split()[1:]]
+    child.send_signal(signal.SIGTERM)
+    child.wait(timeout=60)
+  finally:
+    if child.poll() is None:
+      child.kill()
+  assert workers
+  assert not [pid for pid in workers if is_running(pid)]

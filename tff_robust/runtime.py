@@ -3,13 +3,16 @@
 TFF 0.87 starts its C++ runtime as a `worker_binary` subprocess the first time a
 computation runs, and only stops it when a Python finalizer happens to run: the process
 often outlives the interpreter, holding the parent's stdout open (so `python x.py | tail`
-never ends). Importing `tff_robust` registers `stop_worker_binaries` at exit.
+never ends). Importing `tff_robust` registers `stop_worker_binaries` at exit, and, if
+nobody else handles SIGTERM, turns SIGTERM into a normal exit so that `kill PID` (or a
+job scheduler's timeout) also stops the worker.
 """
 
 import atexit
 import gc
 import os
 import signal
+import threading
 import time
 
 _BINARY_NAME = b'worker_binary'
@@ -90,4 +93,12 @@ def _stop_at_exit() -> None:
   stop_worker_binaries()
 
 
+def _exit_on_sigterm(signum, frame):
+  del frame
+  raise SystemExit(128 + signum)  # Runs the atexit handlers, unlike the default action.
+
+
 atexit.register(_stop_at_exit)
+if (threading.current_thread() is threading.main_thread() and
+    signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+  signal.signal(signal.SIGTERM, _exit_on_sigterm)
