@@ -24,6 +24,12 @@ DEFAULT_GAMMA = 0.5  # The paper's federated experiments (Section 4.2).
 UNDERFLOW_WEIGHT = 1e-30
 
 
+def _starting_calls(factory) -> int:
+  """Secure-average calls of the factory computing the starting point; 0 for a factory
+  that does not declare them (as before: only GeometricMedianFactory does)."""
+  return getattr(factory, 'num_communication_passes', 0)
+
+
 def _leaves(structure):
   return tf.nest.flatten(numerics.as_nest(structure))
 
@@ -179,10 +185,6 @@ class GammaMeanFactory(tff.aggregators.WeightedAggregationFactory):
       return self._gamma
     return self._gamma_per_dimension / max(iterative_mean.num_parameters(value_type), 1)
 
-  def _gm_calls(self) -> int:
-    # pylint: disable=protected-access
-    return getattr(self._gm_factory, '_num_passes', 0)
-
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     gamma = self.gamma_for(value_type)
@@ -194,7 +196,8 @@ class GammaMeanFactory(tff.aggregators.WeightedAggregationFactory):
     use_gm = self._initial_point == 'geometric_median'
     gm = self._gm_factory.create(value_type, iterative_mean.WEIGHT_TYPE) if use_gm else None
     num_calls = self._num_iterations + (
-        self._gm_calls() + steps.calls_after_gm if use_gm else 1)
+        _starting_calls(self._gm_factory) + steps.calls_after_gm
+        if use_gm else 1)
 
     @tff.federated_computation()
     def init_fn():

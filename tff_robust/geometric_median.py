@@ -111,6 +111,11 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     self._initial_point = initial_point
     self._report_max_weight = bool(report_max_effective_weight)
 
+  @property
+  def num_communication_passes(self) -> int:
+    """R: the inner-mean (secure-average) calls of every `next`."""
+    return self._num_passes
+
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     inner = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
