@@ -65,8 +65,6 @@ flags.DEFINE_string('readme', os.path.join(_REPO, 'README.md'), 'README whose '
                     'skip.')
 flags.DEFINE_string('readme_model', 'linear', 'The model whose table the README shows.')
 
-README_BEGIN = '<!-- leaderboard:begin -->'
-README_END = '<!-- leaderboard:end -->'
 
 
 def _output_dir() -> str:
@@ -114,8 +112,10 @@ def main(argv):
       f.write(page)
     shutil.copyfile(heatmap, stem + '.png')
   if (FLAGS.readme and FLAGS.model == FLAGS.readme_model and
-      not sweep.update_marked_section(FLAGS.readme, page, README_BEGIN, README_END)):
-    print(f'{FLAGS.readme} has no {README_BEGIN} ... {README_END} section; not '
+      not sweep.update_marked_section(FLAGS.readme, page, leaderboard.README_BEGIN,
+                                      leaderboard.README_END)):
+    print(f'{FLAGS.readme} has no {leaderboard.README_BEGIN} ... '
+          f'{leaderboard.README_END} section; not '
           'updated.', file=sys.stderr)
   print(page)
 

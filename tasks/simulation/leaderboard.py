@@ -17,6 +17,10 @@ import numpy as np
 
 from tasks.simulation import sweep
 
+# The README section the leaderboard binary rewrites.
+README_BEGIN = '<!-- leaderboard:begin -->'
+README_END = '<!-- leaderboard:end -->'
+
 
 def worst_cases(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   """One row per aggregator label of a sweep summary (`sweep.summarize`).

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from tasks.binaries import leaderboard
+from tasks.simulation import leaderboard
 from tests.helpers import processes
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
