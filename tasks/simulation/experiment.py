@@ -325,8 +325,8 @@ def _repair(metrics: _MetricsFile, log: Callable[[str], None]) -> None:
   with open(temporary, 'w', encoding='utf-8', newline='') as f:
     f.write(metrics.text)
   os.replace(temporary, metrics.path)
-  log(f'{metrics.path}: dropped {metrics.dropped} (left by a session killed while '
-      'writing it); those rounds are rerun.')
+  log(f'{metrics.path}: dropped {metrics.dropped}, after the rows of every checkpointed '
+      'round (a write cut short by a kill?); those rounds are rerun.')
 
 
 def run_experiment(simulation: loop.Simulation, output_dir: str,

@@ -1,0 +1,247 @@
+"""The experiment runner on damaged run files: fallback to the newest readable
+checkpoint, repair of a cut-off metrics row, and a RunFileError (leaving every file as
+found) for what cannot be resumed around."""
+
+import csv
+import json
+import os
+import shutil
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from tasks import builders
+from tasks import registry
+from tasks.simulation import experiment
+from tasks.simulation import loop
+
+_FINISHED = 3  # Rounds of the run that every case damages.
+_ROUNDS = 4  # Rounds the resumed run finishes.
+_CONFIG = {'run': 'test'}
+
+
+def _simulation():
+  task = builders.build_task('emnist', 'linear', source='synthetic',
+                             client_spec=builders.ClientSpec(1, 10))
+  return loop.Simulation(task, registry.aggregator_from_name('gm'), attack='omniscient',
+                         rho=0.2, clients_per_round=3, seed=0)
+
+
+def _run(simulation, directory, rounds, log=None):
+  return experiment.run_experiment(simulation, directory, rounds, config=_CONFIG,
+                                   progress=False, tensorboard=True,
+                                   log=log or (lambda message: None))
+
+
+def _rows(directory):
+  with open(os.path.join(directory, experiment.METRICS_FILE), newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _checkpoint(directory, version):
+  return os.path.join(directory, experiment.CHECKPOINTS_DIR, f'round_{version}')
+
+
+def _garble_variables(checkpoint):
+  path = os.path.join(checkpoint, 'variables', 'variables.data-00000-of-00001')
+  with open(path, 'rb') as f:
+    data = bytearray(f.read())
+  for i in range(0, len(data), 7):
+    data[i] ^= 0xFF
+  with open(path, 'wb') as f:
+    f.write(data)
+
+
+def _remove_variables(checkpoint):
+  shutil.rmtree(os.path.join(checkpoint, 'variables'))
+
+
+def _empty_saved_model(checkpoint):
+  open(os.path.join(checkpoint, 'saved_model.pb'), 'w').close()
+
+
+CHECKPOINT_DAMAGE = (('garbled_variables', _garble_variables, 'checksum'),
+                     ('variables_removed', _remove_variables, 'TensorSliceReader'),
+                     ('empty_saved_model', _empty_saved_model, 'MetaGraphs'))
+
+
+def _replace_line(path, number, text):
+  """Replaces line `number` (1-based) of `path` by `text` (no line end if the last)."""
+  with open(path, newline='') as f:
+    lines = f.read().splitlines(keepends=True)
+  lines[number - 1] = text
+  with open(path, 'w', newline='') as f:
+    f.write(''.join(lines))
+
+
+def _truncate_row_of_round_1(directory):
+  path = os.path.join(directory, experiment.METRICS_FILE)
+  with open(path, newline='') as f:
+    line = f.read().splitlines(keepends=True)[2]
+  _replace_line(path, 3, line[:len(line) // 2] + '\r\n')
+  return path
+
+
+def _drop_row_of_round_1(directory):
+  path = os.path.join(directory, experiment.METRICS_FILE)
+  _replace_line(path, 3, '')
+  return path
+
+
+def _garble_header(directory):
+  path = os.path.join(directory, experiment.METRICS_FILE)
+  _replace_line(path, 1, 'x\x00y,z\r\n')
+  return path
+
+
+def _junk_config(directory):
+  path = os.path.join(directory, experiment.CONFIG_FILE)
+  with open(path, 'w') as f:
+    f.write('{"run": "te')
+  return path
+
+
+def _tensorboard_file(directory):
+  path = os.path.join(directory, experiment.TENSORBOARD_DIR)
+  shutil.rmtree(path)
+  open(path, 'w').close()
+  return path
+
+
+def _every_checkpoint_garbled(directory):
+  for version in (1, 2, 3):
+    _garble_variables(_checkpoint(directory, version))
+  return os.path.join(directory, experiment.CHECKPOINTS_DIR)
+
+
+BAD_FILES = (
+    ('every_checkpoint_unreadable', _every_checkpoint_garbled,
+     'no checkpoint is readable: round_3 .*round_2 .*round_1'),
+    ('truncated_row_of_a_finished_round', _truncate_row_of_round_1,
+     'line 3 has .* columns'),
+    ('missing_row_of_a_finished_round', _drop_row_of_round_1, 'no row for round.* 1'),
+    ('garbled_header', _garble_header, "no 'round' column"),
+    ('junk_config', _junk_config, 'not valid JSON'),
+    ('tensorboard_is_a_file', _tensorboard_file, 'not a directory'),
+)
+
+
+def _snapshot(directory):
+  """Every file of `directory` with its bytes."""
+  files = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        files[os.path.relpath(path, directory)] = f.read()
+  return files
+
+
+class ExperimentFilesTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tempfile.mkdtemp(prefix='test_experiment_')
+    cls.simulation = _simulation()
+    cls.finished = os.path.join(cls.root, 'finished')
+    _run(cls.simulation, cls.finished, _FINISHED)
+    # The uninterrupted run every resumed one must equal.
+    reference = os.path.join(cls.root, 'reference')
+    shutil.copytree(cls.finished, reference)
+    _run(cls.simulation, reference, _ROUNDS)
+    cls.reference_rows = _rows(reference)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
+
+  def _copy_of_finished_run(self):
+    directory = tempfile.mkdtemp(dir=self.root)
+    os.rmdir(directory)
+    shutil.copytree(self.finished, directory)
+    return directory
+
+  def _assert_equals_the_uninterrupted_run(self, directory):
+    self.assertEqual(_rows(directory), self.reference_rows)
+
+  def test_keeps_the_first_and_two_latest_checkpoints(self):
+    self.assertEqual(
+        sorted(os.listdir(os.path.join(self.finished, experiment.CHECKPOINTS_DIR))),
+        ['round_1', 'round_2', 'round_3'])
+    self.assertEqual([r['round'] for r in self.reference_rows], ['0', '1', '2', '3'])
+
+  @parameterized.named_parameters(*CHECKPOINT_DAMAGE)
+  def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(self, damage, why):
+    directory = self._copy_of_finished_run()
+    damage(_checkpoint(directory, 3))
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertRegex(messages[0], f'(?i)round_3 is unreadable .*{why}')
+    self.assertIn('Resuming from round_2, after round 1; the metrics rows from round 2 '
+                  'on are rewritten', messages[1])
+    self._assert_equals_the_uninterrupted_run(directory)
+    self.assertEqual(
+        sorted(os.listdir(os.path.join(directory, experiment.CHECKPOINTS_DIR))),
+        ['round_1', 'round_3', 'round_4', 'unreadable_round_3'])
+
+  def test_two_damaged_checkpoints_fall_back_to_the_first(self):
+    directory = self._copy_of_finished_run()
+    _garble_variables(_checkpoint(directory, 3))
+    _empty_saved_model(_checkpoint(directory, 2))
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertIn('Resuming from round_1, after round 0', messages[2])
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  def test_cut_off_last_row_and_unfinished_writes_are_repaired(self):
+    directory = self._copy_of_finished_run()
+    metrics = os.path.join(directory, experiment.METRICS_FILE)
+    with open(metrics, 'a', newline='') as f:  # Round 3's row, cut off by a kill.
+      f.write('3,0,0.51')
+    leftovers = [os.path.join(directory, experiment.CHECKPOINTS_DIR, 'round_4_temp1234'),
+                 metrics + '_temp5678']
+    os.mkdir(leftovers[0])
+    open(leftovers[1], 'w').close()
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertRegex(messages[0], "metrics.csv: dropped line 5 is cut off: '3,0,0.51'")
+    self.assertLen(messages, 3)
+    for leftover in leftovers:
+      self.assertFalse(os.path.exists(leftover))
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  def test_damaged_rows_after_the_checkpoint_are_dropped(self):
+    directory = self._copy_of_finished_run()
+    _garble_variables(_checkpoint(directory, 3))  # Resumes after round 1.
+    _replace_line(os.path.join(directory, experiment.METRICS_FILE), 4, 'garbage\r\n')
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertRegex(messages[2], "dropped line 4 has 1 of the \\d+ columns: 'garbage'")
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  @parameterized.named_parameters(*BAD_FILES)
+  def test_what_cannot_be_resumed_is_named_and_left_as_found(self, damage, problem):
+    directory = self._copy_of_finished_run()
+    path = damage(directory)
+    before = _snapshot(directory)
+    with self.assertRaisesRegex(experiment.RunFileError, problem) as raised:
+      _run(self.simulation, directory, _ROUNDS)
+    self.assertEqual(raised.exception.path, path)
+    self.assertTrue(str(raised.exception).startswith(path + ': '))
+    self.assertNotIn('\n', str(raised.exception))
+    self.assertTrue(raised.exception.fix)
+    self.assertEqual(_snapshot(directory), before)
+
+  def test_config_that_is_not_an_object_is_named(self):
+    directory = self._copy_of_finished_run()
+    with open(os.path.join(directory, experiment.CONFIG_FILE), 'w') as f:
+      json.dump([1, 2], f)
+    with self.assertRaisesRegex(experiment.RunFileError, 'holds a JSON list'):
+      _run(self.simulation, directory, _ROUNDS)
+
+
+if __name__ == '__main__':
+  absltest.main()
