@@ -58,8 +58,9 @@ def run(main: Callable[[list[str]], None]) -> None:
 
   The binary's TFF worker_binary processes are stopped however it ends, even by
   SIGKILL (`runtime.worker_binaries_stopped(even_when_killed=True)`), and an error of
-  `ONE_LINE_ERRORS` ends it with one stderr line and its exit status. All of `main` runs inside: an exit
-  that skipped the workers' stop would also print TFF's finalizer traceback.
+  `ONE_LINE_ERRORS` ends it with one stderr line and its exit status. All of `main`
+  runs inside: an exit that skipped the workers' stop would also print TFF's
+  finalizer traceback.
   """
 
   def guarded_main(argv):

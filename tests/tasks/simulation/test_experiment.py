@@ -15,6 +15,7 @@ from tasks import builders
 from tasks import registry
 from tasks.simulation import experiment
 from tasks.simulation import loop
+from tests.helpers import run_files
 
 _FINISHED = 3  # Rounds of the run that every case damages.
 _ROUNDS = 4  # Rounds the resumed run finishes.
@@ -37,94 +38,6 @@ def _run(simulation, directory, rounds, log=None):
 def _rows(directory):
   with open(os.path.join(directory, experiment.METRICS_FILE), newline='') as f:
     return list(csv.DictReader(f))
-
-
-def _checkpoint(directory, version):
-  return os.path.join(directory, experiment.CHECKPOINTS_DIR, f'round_{version}')
-
-
-def _garble_variables(checkpoint):
-  path = os.path.join(checkpoint, 'variables', 'variables.data-00000-of-00001')
-  with open(path, 'rb') as f:
-    data = bytearray(f.read())
-  for i in range(0, len(data), 7):
-    data[i] ^= 0xFF
-  with open(path, 'wb') as f:
-    f.write(data)
-
-
-def _remove_variables(checkpoint):
-  shutil.rmtree(os.path.join(checkpoint, 'variables'))
-
-
-def _empty_saved_model(checkpoint):
-  open(os.path.join(checkpoint, 'saved_model.pb'), 'w').close()
-
-
-CHECKPOINT_DAMAGE = (('garbled_variables', _garble_variables, 'checksum'),
-                     ('variables_removed', _remove_variables, 'TensorSliceReader'),
-                     ('empty_saved_model', _empty_saved_model, 'MetaGraphs'))
-
-
-def _replace_line(path, number, text):
-  """Replaces line `number` (1-based) of `path` by `text` (no line end if the last)."""
-  with open(path, newline='') as f:
-    lines = f.read().splitlines(keepends=True)
-  lines[number - 1] = text
-  with open(path, 'w', newline='') as f:
-    f.write(''.join(lines))
-
-
-def _truncate_row_of_round_1(directory):
-  path = os.path.join(directory, experiment.METRICS_FILE)
-  with open(path, newline='') as f:
-    line = f.read().splitlines(keepends=True)[2]
-  _replace_line(path, 3, line[:len(line) // 2] + '\r\n')
-  return path
-
-
-def _drop_row_of_round_1(directory):
-  path = os.path.join(directory, experiment.METRICS_FILE)
-  _replace_line(path, 3, '')
-  return path
-
-
-def _garble_header(directory):
-  path = os.path.join(directory, experiment.METRICS_FILE)
-  _replace_line(path, 1, 'x\x00y,z\r\n')
-  return path
-
-
-def _junk_config(directory):
-  path = os.path.join(directory, experiment.CONFIG_FILE)
-  with open(path, 'w') as f:
-    f.write('{"run": "te')
-  return path
-
-
-def _tensorboard_file(directory):
-  path = os.path.join(directory, experiment.TENSORBOARD_DIR)
-  shutil.rmtree(path)
-  open(path, 'w').close()
-  return path
-
-
-def _every_checkpoint_garbled(directory):
-  for version in (1, 2, 3):
-    _garble_variables(_checkpoint(directory, version))
-  return os.path.join(directory, experiment.CHECKPOINTS_DIR)
-
-
-BAD_FILES = (
-    ('every_checkpoint_unreadable', _every_checkpoint_garbled,
-     'no checkpoint is readable: round_3 .*round_2 .*round_1'),
-    ('truncated_row_of_a_finished_round', _truncate_row_of_round_1,
-     'line 3 has .* columns'),
-    ('missing_row_of_a_finished_round', _drop_row_of_round_1, 'no row for round.* 1'),
-    ('garbled_header', _garble_header, "no 'round' column"),
-    ('junk_config', _junk_config, 'not valid JSON'),
-    ('tensorboard_is_a_file', _tensorboard_file, 'not a directory'),
-)
 
 
 def _snapshot(directory):
@@ -173,10 +86,10 @@ class ExperimentFilesTest(parameterized.TestCase):
         ['round_1', 'round_2', 'round_3'])
     self.assertEqual([r['round'] for r in self.reference_rows], ['0', '1', '2', '3'])
 
-  @parameterized.named_parameters(*CHECKPOINT_DAMAGE)
+  @parameterized.named_parameters(*run_files.CHECKPOINT_DAMAGE)
   def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(self, damage, why):
     directory = self._copy_of_finished_run()
-    damage(_checkpoint(directory, 3))
+    damage(run_files.checkpoint(directory, 3))
     messages = []
     _run(self.simulation, directory, _ROUNDS, log=messages.append)
     self.assertRegex(messages[0], f'(?i)round_3 is unreadable .*{why}')
@@ -189,8 +102,8 @@ class ExperimentFilesTest(parameterized.TestCase):
 
   def test_two_damaged_checkpoints_fall_back_to_the_first(self):
     directory = self._copy_of_finished_run()
-    _garble_variables(_checkpoint(directory, 3))
-    _empty_saved_model(_checkpoint(directory, 2))
+    run_files.garble_variables(run_files.checkpoint(directory, 3))
+    run_files.empty_saved_model(run_files.checkpoint(directory, 2))
     messages = []
     _run(self.simulation, directory, _ROUNDS, log=messages.append)
     self.assertIn('Resuming from round_1, after round 0', messages[2])
@@ -215,14 +128,16 @@ class ExperimentFilesTest(parameterized.TestCase):
 
   def test_damaged_rows_after_the_checkpoint_are_dropped(self):
     directory = self._copy_of_finished_run()
-    _garble_variables(_checkpoint(directory, 3))  # Resumes after round 1.
-    _replace_line(os.path.join(directory, experiment.METRICS_FILE), 4, 'garbage\r\n')
+    # Resumed after round 1, round 2's row is dropped.
+    run_files.garble_variables(run_files.checkpoint(directory, 3))
+    run_files.replace_line(os.path.join(directory, experiment.METRICS_FILE), 4,
+                           'garbage\r\n')
     messages = []
     _run(self.simulation, directory, _ROUNDS, log=messages.append)
     self.assertRegex(messages[2], "dropped line 4 has 1 of the \\d+ columns: 'garbage'")
     self._assert_equals_the_uninterrupted_run(directory)
 
-  @parameterized.named_parameters(*BAD_FILES)
+  @parameterized.named_parameters(*run_files.BAD_FILES)
   def test_what_cannot_be_resumed_is_named_and_left_as_found(self, damage, problem):
     directory = self._copy_of_finished_run()
     path = damage(directory)
