@@ -7,9 +7,11 @@ import json
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import tensorflow as tf
 
 from tasks import builders
 from tasks import registry
@@ -135,6 +137,25 @@ class ExperimentFilesTest(parameterized.TestCase):
     messages = []
     _run(self.simulation, directory, _ROUNDS, log=messages.append)
     self.assertRegex(messages[2], "dropped line 4 has 1 of the \\d+ columns: 'garbage'")
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  def test_a_kill_while_a_row_is_written_leaves_the_finished_rows_whole(self):
+    directory = self._copy_of_finished_run()
+    metrics = os.path.join(directory, experiment.METRICS_FILE)
+    with open(metrics, 'rb') as f:
+      before = f.read()
+    write = tf.io.gfile.GFile.write
+
+    def write_half_then_die(file, data):
+      write(file, data[:len(data) // 2])
+      raise KeyboardInterrupt  # As a kill would, in the middle of round 3's row.
+
+    with mock.patch.object(tf.io.gfile.GFile, 'write', write_half_then_die):
+      with self.assertRaises(KeyboardInterrupt):
+        _run(self.simulation, directory, _ROUNDS)
+    with open(metrics, 'rb') as f:
+      self.assertEqual(f.read(), before)
+    _run(self.simulation, directory, _ROUNDS)
     self._assert_equals_the_uninterrupted_run(directory)
 
   @parameterized.named_parameters(*run_files.BAD_FILES)
