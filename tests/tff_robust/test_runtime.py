@@ -129,10 +129,17 @@ def test_the_guardian_ends_with_the_block_and_leaves_the_environment_as_found():
   result = _python(RUN_A_COMPUTATION + textwrap.dedent('''
       import os
       from tff_robust import worker_guardian
+
+      def command_line(pid):
+        try:
+          with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return f.read()
+        except OSError:  # Ended meanwhile.
+          return b''
+
       with runtime.worker_binaries_stopped(even_when_killed=True):
         guardians = [int(p) for p in os.listdir('/proc') if p.isdigit()
-                     and worker_guardian.__file__.encode() in
-                     open(f'/proc/{p}/cmdline', 'rb').read()]
+                     and worker_guardian.__file__.encode() in command_line(p)]
         compute()
       print('GUARDIANS', *guardians)
       print('ENVIRONMENT', worker_guardian.ENVIRONMENT_VARIABLE in os.environ)
