@@ -138,8 +138,10 @@ def test_the_guardian_ends_with_the_block_and_leaves_the_environment_as_found():
           return b''
 
       with runtime.worker_binaries_stopped(even_when_killed=True):
+        token = os.environ[worker_guardian.ENVIRONMENT_VARIABLE].encode()
         guardians = [int(p) for p in os.listdir('/proc') if p.isdigit()
-                     and worker_guardian.__file__.encode() in command_line(p)]
+                     and worker_guardian.__file__.encode() in command_line(p)
+                     and token in command_line(p)]
         compute()
       print('GUARDIANS', *guardians)
       print('ENVIRONMENT', worker_guardian.ENVIRONMENT_VARIABLE in os.environ)
