@@ -30,7 +30,6 @@ import asyncio
 import collections
 import csv
 import dataclasses
-import io
 import json
 import os
 import re
