@@ -10,17 +10,25 @@ never ends). Nothing here happens on import; a program opts in:
 
 stops this process's workers when the block ends (also by an exception), and, while the
 block runs and if nobody else handles SIGTERM, turns SIGTERM into a normal exit so that
-`kill PID` (or a job scheduler's timeout) stops the workers too. `stop_worker_binaries`
-does the stopping alone, e.g. at the end of a test session.
+`kill PID` (or a job scheduler's timeout) stops the workers too. A process killed by
+SIGKILL (or the kernel's out-of-memory killer) runs no code at all: with
+`worker_binaries_stopped(even_when_killed=True)` a tiny guardian process
+(`tff_robust.worker_guardian`) kills this process's workers when it dies.
+`stop_worker_binaries` does the stopping alone, e.g. at the end of a test session.
 """
 
 import contextlib
 import gc
 import os
+import secrets
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Optional
+
+from tff_robust import worker_guardian
 
 _BINARY_NAME = b'worker_binary'
 
@@ -112,20 +120,56 @@ def _exit_on_sigterm(signum, frame):
 
 
 @contextlib.contextmanager
-def worker_binaries_stopped(timeout: float = 5.0):
+def _guardian():
+  """Runs `tff_robust.worker_guardian` over the workers started in the block."""
+  token = f'{os.getpid()}-{secrets.token_hex(8)}'
+  previous = os.environ.get(worker_guardian.ENVIRONMENT_VARIABLE)
+  # Run by path: `python -m tff_robust.worker_guardian` would import the package,
+  # i.e. TensorFlow, for a process that only waits. A session of its own keeps it out
+  # of the terminal's Ctrl-C and hang-up, which would otherwise end it first.
+  guardian = subprocess.Popen(
+      [sys.executable, '-I', os.path.abspath(worker_guardian.__file__), token],
+      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+  os.environ[worker_guardian.ENVIRONMENT_VARIABLE] = token
+  try:
+    yield
+  finally:
+    if previous is None:
+      del os.environ[worker_guardian.ENVIRONMENT_VARIABLE]
+    else:
+      os.environ[worker_guardian.ENVIRONMENT_VARIABLE] = previous
+    guardian.stdin.close()  # The guardian's end of file, as if this process died.
+    try:
+      guardian.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      guardian.kill()
+      guardian.wait()
+
+
+@contextlib.contextmanager
+def worker_binaries_stopped(timeout: float = 5.0, even_when_killed: bool = False):
   """Stops this process's worker_binary children when the block ends, however it ends.
 
   While the block runs in the main thread, a SIGTERM that nobody else handles exits
   through the block (exit status 143) instead of killing Python on the spot; the
   previous handler is restored afterwards.
+
+  Args:
+    timeout: Seconds a worker gets to stop after SIGINT before SIGKILL.
+    even_when_killed: Also when this process is killed by SIGKILL (Linux): a guardian
+      process, started for the block, kills the worker_binary processes started in
+      the block once this process is gone (`tff_robust.worker_guardian`).
   """
   take_sigterm = (threading.current_thread() is threading.main_thread() and
                   signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
-  if take_sigterm:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-  try:
-    yield
-  finally:
+  with contextlib.ExitStack() as stack:
+    if even_when_killed:
+      stack.enter_context(_guardian())
     if take_sigterm:
-      signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    stop_worker_binaries(timeout)
+      signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+      yield
+    finally:
+      if take_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+      stop_worker_binaries(timeout)

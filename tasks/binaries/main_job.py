@@ -28,9 +28,9 @@ import time
 from absl import app
 from absl import flags
 
+from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import sweep
-from tff_robust import runtime
 
 FLAGS = flags.FLAGS
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,8 +76,7 @@ def main(argv):
   flag_groups.quiet_logs()
   task = flag_groups.task_from_flags(FLAGS.data_seed)
   spec = flag_groups.sweep_spec_from_flags()
-  with runtime.worker_binaries_stopped():
-    sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress)
+  sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress)
   table = sweep.write_report(spec, FLAGS.output_dir)
   elapsed = time.time() - start
   page = _results_page(table, elapsed)
@@ -96,4 +95,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  exit_status.run(main)

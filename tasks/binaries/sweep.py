@@ -12,9 +12,9 @@ written, and how a restarted sweep resumes, is described in `tasks.simulation.sw
 from absl import app
 from absl import flags
 
+from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import sweep
-from tff_robust import runtime
 
 FLAGS = flags.FLAGS
 
@@ -29,14 +29,13 @@ def main(argv):
   flag_groups.quiet_logs()
   task = flag_groups.task_from_flags(FLAGS.data_seed)
   spec = flag_groups.sweep_spec_from_flags()
-  with runtime.worker_binaries_stopped():
-    sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress)
+  sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress)
   print(sweep.write_report(spec, FLAGS.output_dir))
 
 
 def run():
   """Console-script entry point (`tff_robust_sweep`)."""
-  app.run(main)
+  exit_status.run(main)
 
 
 if __name__ == '__main__':

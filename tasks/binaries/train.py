@@ -22,11 +22,15 @@ aggregator, attack, rho and seed): `metrics.csv` with one row per round, the col
 (personalized client work adds its evaluation columns), the same values in
 `tensorboard/`, the run's `config.json` and `checkpoints/`. Killed at any moment and
 restarted with the same flags, a run resumes after its last finished round; a larger
---rounds extends a finished run. A round that leaves a non-finite model stops the run
-with exit status 2, keeping every finished round. With --workers=host:port,... each
-round's clients train and aggregate on TFF worker_binary processes (README, "Several
-workers and machines"); a worker failing mid-round stops the run with exit status 3,
-naming the worker and the round, and a rerun resumes there.
+--rounds extends a finished run; a damaged latest checkpoint is skipped for the newest
+readable one (`tasks.simulation.experiment`). A round that leaves a non-finite model
+stops the run with exit status 2, keeping every finished round, as does a damaged or
+inconsistent file of the run or of the data (one stderr line naming the file and the
+fix). With --workers=host:port,... each round's clients train and aggregate on TFF
+worker_binary processes (README, "Several workers and machines"); a worker failing
+mid-round stops the run with exit status 3, naming the worker and the round, and a
+rerun resumes there. Exit statuses: `tasks.binaries.exit_status`. Killed even by
+SIGKILL, the binary leaves no worker_binary of its own behind.
 """
 
 import contextlib
@@ -37,14 +41,13 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
-from tasks.builders import data_utils
 from tasks.simulation import attacks
 from tasks.simulation import distributed as distributed_simulation
 from tasks.simulation import experiment
 from tasks.simulation import loop
 from tff_robust import distributed
-from tff_robust import runtime
 
 FLAGS = flags.FLAGS
 
@@ -102,26 +105,16 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   flag_groups.quiet_logs()
   output_dir = os.path.join(FLAGS.root_output_dir, experiment_name())
-  try:
-    experiment.check_config(output_dir, flag_groups.run_config(),
-                            ignore=flag_groups.RESUMABLE_CHANGES)
-  except experiment.ConfigMismatchError as e:
-    logging.error('%s', e)
-    print(f'ERROR: {e}', file=sys.stderr)
-    sys.exit(1)
-  try:
-    task = flag_groups.task_from_flags(FLAGS.seed)
-  except (data_utils.MissingDataError, data_utils.MalformedDataError) as e:
-    print(f'ERROR: --data_source={FLAGS.data_source}: {e}', file=sys.stderr)
-    sys.exit(1)
-  with runtime.worker_binaries_stopped(), contextlib.ExitStack() as stack:
+  experiment.check_config(output_dir, flag_groups.run_config(),
+                          ignore=flag_groups.RESUMABLE_CHANGES)
+  task = flag_groups.task_from_flags(FLAGS.seed)
+  with contextlib.ExitStack() as stack:
     context = None
     if FLAGS.workers:
       try:
         context = distributed.DistributedContext(FLAGS.workers)
       except (ValueError, distributed.WorkerError) as e:
-        print(f'ERROR: --workers: {e}', file=sys.stderr)
-        sys.exit(1)
+        exit_status.exit_with(f'--workers: {e}', exit_status.FLAGS_OR_OTHER_RUN)
       stack.callback(context.close)
     simulation = build_simulation(task, context)
     print(f'{experiment_name()}: {len(task.train_data.client_ids)} clients, '
@@ -133,18 +126,16 @@ def main(argv):
                                 tensorboard=FLAGS.tensorboard,
                                 description=experiment_name())
     except experiment.NonFiniteStateError as e:
-      print(f'ERROR: {e}', file=sys.stderr)
-      sys.exit(2)
+      exit_status.exit_with(e, exit_status.NON_FINITE)
     except distributed_simulation.WorkerRoundError as e:
-      print(f'ERROR: {e}', file=sys.stderr)
-      sys.exit(3)
+      exit_status.exit_with(e, exit_status.WORKER_FAILED)
   print(f'Finished {FLAGS.rounds} rounds; metrics in '
         f'{os.path.join(output_dir, experiment.METRICS_FILE)}', file=sys.stderr)
 
 
 def run():
   """Console-script entry point (`tff_robust_train`)."""
-  app.run(main)
+  exit_status.run(main)
 
 
 if __name__ == '__main__':

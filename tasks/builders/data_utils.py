@@ -74,7 +74,9 @@ def load_tff_dataset(load_data: Callable[..., tuple], filename: str, url: str,
       raise MissingDataError(
           f'{path} not found and could not be downloaded ({e!r}). Download and unpack '
           f'{url} (xz/lzma) into {cache_dir}, or run where TFF can download it.') from e
-    raise MalformedDataError(f'{path}: not a TFF SQLite dataset ({e!r}).') from e
+    raise MalformedDataError(
+        f'{path}: not a TFF SQLite dataset ({e!r}). Delete it to let TFF download it '
+        f'again, or unpack {url} (xz/lzma) there.') from e
 
 
 def batch_all(dataset: tf.data.Dataset, chunk: int = 4096):

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from tests.helpers import processes
 
@@ -86,3 +87,68 @@ def test_workers_stop_when_the_program_is_terminated_inside_the_block():
       child.kill()
   assert workers
   assert not processes.running(workers)
+
+
+def _start_and_report_workers(program):
+  child = subprocess.Popen([sys.executable, '-c', program], stdout=subprocess.PIPE,
+                           text=True, env=processes.quiet_env())
+  line = ''
+  while not line.startswith('WORKERS'):
+    line = child.stdout.readline()
+    assert line, 'the child ended before reporting its workers'
+  return child, processes.reported_workers(line)
+
+
+def _wait_until_stopped(pids, timeout=20.0):
+  deadline = time.monotonic() + timeout
+  while processes.running(pids) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return processes.running(pids)
+
+
+def test_workers_stop_when_the_program_is_killed_inside_the_block():
+  child, workers = _start_and_report_workers(RUN_A_COMPUTATION + textwrap.dedent('''
+      import time
+      with runtime.worker_binaries_stopped(even_when_killed=True):
+        compute()
+        time.sleep(600)
+  '''))
+  try:
+    assert workers
+    child.kill()  # SIGKILL: the program itself runs no code any more.
+    child.wait(timeout=60)
+    assert not _wait_until_stopped(workers)
+  finally:
+    for pid in processes.running(workers):  # Only if the guardian failed.
+      os.kill(pid, signal.SIGKILL)
+    if child.poll() is None:
+      child.kill()
+
+
+def test_the_guardian_ends_with_the_block_and_leaves_the_environment_as_found():
+  result = _python(RUN_A_COMPUTATION + textwrap.dedent('''
+      import os
+      from tff_robust import worker_guardian
+
+      def command_line(pid):
+        try:
+          with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return f.read()
+        except OSError:  # Ended meanwhile.
+          return b''
+
+      with runtime.worker_binaries_stopped(even_when_killed=True):
+        token = os.environ[worker_guardian.ENVIRONMENT_VARIABLE].encode()
+        guardians = [int(p) for p in os.listdir('/proc') if p.isdigit()
+                     and worker_guardian.__file__.encode() in command_line(p)
+                     and token in command_line(p)]
+        compute()
+      print('GUARDIANS', *guardians)
+      print('ENVIRONMENT', worker_guardian.ENVIRONMENT_VARIABLE in os.environ)
+  '''), check=True)
+  guardians = [int(p) for p in next(
+      l for l in result.stdout.splitlines() if l.startswith('GUARDIANS')).split()[1:]]
+  assert len(guardians) == 1, result.stdout
+  assert not processes.running(guardians)
+  assert not processes.running(processes.reported_workers(result.stdout))
+  assert 'ENVIRONMENT False' in result.stdout

@@ -1,0 +1,95 @@
+"""Damage done to a run's files, as a disk, a kill or a user might: the cases of the
+experiment runner's and the binaries' tests. Each function returns the damaged path."""
+
+import os
+import shutil
+
+from tasks.simulation import experiment
+
+
+def checkpoint(directory, version):
+  return os.path.join(directory, experiment.CHECKPOINTS_DIR, f'round_{version}')
+
+
+def garble_variables(checkpoint):
+  path = os.path.join(checkpoint, 'variables', 'variables.data-00000-of-00001')
+  with open(path, 'rb') as f:
+    data = bytearray(f.read())
+  for i in range(0, len(data), 7):
+    data[i] ^= 0xFF
+  with open(path, 'wb') as f:
+    f.write(data)
+
+
+def remove_variables(checkpoint):
+  shutil.rmtree(os.path.join(checkpoint, 'variables'))
+
+
+def empty_saved_model(checkpoint):
+  open(os.path.join(checkpoint, 'saved_model.pb'), 'w').close()
+
+
+CHECKPOINT_DAMAGE = (('garbled_variables', garble_variables, 'checksum'),
+                     ('variables_removed', remove_variables, 'TensorSliceReader'),
+                     ('empty_saved_model', empty_saved_model, 'MetaGraphs'))
+
+
+def replace_line(path, number, text):
+  """Replaces line `number` (1-based) of `path` by `text` (no line end if the last)."""
+  with open(path, newline='') as f:
+    lines = f.read().splitlines(keepends=True)
+  lines[number - 1] = text
+  with open(path, 'w', newline='') as f:
+    f.write(''.join(lines))
+
+
+def truncate_row_of_round_1(directory):
+  path = os.path.join(directory, experiment.METRICS_FILE)
+  with open(path, newline='') as f:
+    line = f.read().splitlines(keepends=True)[2]
+  replace_line(path, 3, line[:len(line) // 2] + '\r\n')
+  return path
+
+
+def drop_row_of_round_1(directory):
+  path = os.path.join(directory, experiment.METRICS_FILE)
+  replace_line(path, 3, '')
+  return path
+
+
+def garble_header(directory):
+  path = os.path.join(directory, experiment.METRICS_FILE)
+  replace_line(path, 1, 'x\x00y,z\r\n')
+  return path
+
+
+def junk_config(directory):
+  path = os.path.join(directory, experiment.CONFIG_FILE)
+  with open(path, 'w') as f:
+    f.write('{"run": "te')
+  return path
+
+
+def tensorboard_file(directory):
+  path = os.path.join(directory, experiment.TENSORBOARD_DIR)
+  shutil.rmtree(path, ignore_errors=True)
+  open(path, 'w').close()
+  return path
+
+
+def every_checkpoint_garbled(directory):
+  for version in (1, 2, 3):
+    garble_variables(checkpoint(directory, version))
+  return os.path.join(directory, experiment.CHECKPOINTS_DIR)
+
+
+BAD_FILES = (
+    ('every_checkpoint_unreadable', every_checkpoint_garbled,
+     'no checkpoint is readable: round_3 .*round_2 .*round_1'),
+    ('truncated_row_of_a_finished_round', truncate_row_of_round_1,
+     'line 3 has .* columns'),
+    ('missing_row_of_a_finished_round', drop_row_of_round_1, 'no row for round.* 1'),
+    ('garbled_header', garble_header, "no 'round' column"),
+    ('junk_config', junk_config, 'not valid JSON'),
+    ('tensorboard_is_a_file', tensorboard_file, 'not a directory'),
+)

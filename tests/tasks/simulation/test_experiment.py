@@ -1,0 +1,185 @@
+"""The experiment runner on damaged run files: fallback to the newest readable
+checkpoint, repair of a cut-off metrics row, and a RunFileError (leaving every file as
+found) for what cannot be resumed around."""
+
+import csv
+import json
+import os
+import shutil
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import tensorflow as tf
+
+from tasks import builders
+from tasks import registry
+from tasks.simulation import experiment
+from tasks.simulation import loop
+from tests.helpers import run_files
+
+_FINISHED = 3  # Rounds of the run that every case damages.
+_ROUNDS = 4  # Rounds the resumed run finishes.
+_CONFIG = {'run': 'test'}
+
+
+def _simulation():
+  task = builders.build_task('emnist', 'linear', source='synthetic',
+                             client_spec=builders.ClientSpec(1, 10))
+  return loop.Simulation(task, registry.aggregator_from_name('gm'), attack='omniscient',
+                         rho=0.2, clients_per_round=3, seed=0)
+
+
+def _run(simulation, directory, rounds, log=None):
+  return experiment.run_experiment(simulation, directory, rounds, config=_CONFIG,
+                                   progress=False, tensorboard=True,
+                                   log=log or (lambda message: None))
+
+
+def _rows(directory):
+  with open(os.path.join(directory, experiment.METRICS_FILE), newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _snapshot(directory):
+  """Every file of `directory` with its bytes."""
+  files = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        files[os.path.relpath(path, directory)] = f.read()
+  return files
+
+
+class ExperimentFilesTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = tempfile.mkdtemp(prefix='test_experiment_')
+    cls.simulation = _simulation()
+    cls.finished = os.path.join(cls.root, 'finished')
+    _run(cls.simulation, cls.finished, _FINISHED)
+    # The uninterrupted run every resumed one must equal.
+    reference = os.path.join(cls.root, 'reference')
+    shutil.copytree(cls.finished, reference)
+    _run(cls.simulation, reference, _ROUNDS)
+    cls.reference_rows = _rows(reference)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.root, ignore_errors=True)
+    super().tearDownClass()
+
+  def _copy_of_finished_run(self):
+    directory = tempfile.mkdtemp(dir=self.root)
+    os.rmdir(directory)
+    shutil.copytree(self.finished, directory)
+    return directory
+
+  def _assert_equals_the_uninterrupted_run(self, directory):
+    self.assertEqual(_rows(directory), self.reference_rows)
+
+  def test_keeps_the_first_and_two_latest_checkpoints(self):
+    self.assertEqual(
+        sorted(os.listdir(os.path.join(self.finished, experiment.CHECKPOINTS_DIR))),
+        ['round_1', 'round_2', 'round_3'])
+    self.assertEqual([r['round'] for r in self.reference_rows], ['0', '1', '2', '3'])
+
+  @parameterized.named_parameters(*run_files.CHECKPOINT_DAMAGE)
+  def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(self, damage, why):
+    directory = self._copy_of_finished_run()
+    damage(run_files.checkpoint(directory, 3))
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertRegex(messages[0], f'(?i)round_3 is unreadable .*{why}')
+    self.assertIn('Resuming from round_2, after round 1; the metrics rows from round 2 '
+                  'on are rewritten', messages[1])
+    self._assert_equals_the_uninterrupted_run(directory)
+    self.assertEqual(
+        sorted(os.listdir(os.path.join(directory, experiment.CHECKPOINTS_DIR))),
+        ['round_1', 'round_3', 'round_4', 'unreadable_round_3'])
+
+  def test_two_damaged_checkpoints_fall_back_to_the_first(self):
+    directory = self._copy_of_finished_run()
+    run_files.garble_variables(run_files.checkpoint(directory, 3))
+    run_files.empty_saved_model(run_files.checkpoint(directory, 2))
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertIn('Resuming from round_1, after round 0', messages[2])
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  def test_cut_off_last_row_and_unfinished_writes_are_repaired(self):
+    directory = self._copy_of_finished_run()
+    metrics = os.path.join(directory, experiment.METRICS_FILE)
+    with open(metrics, 'a', newline='') as f:  # Round 3's row, cut off by a kill.
+      f.write('3,0,0.51')
+    leftovers = [os.path.join(directory, experiment.CHECKPOINTS_DIR, 'round_4_temp1234'),
+                 metrics + '_temp5678']
+    os.mkdir(leftovers[0])
+    open(leftovers[1], 'w').close()
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertRegex(messages[0], "metrics.csv: dropped line 5 is cut off: '3,0,0.51'")
+    self.assertLen(messages, 3)
+    for leftover in leftovers:
+      self.assertFalse(os.path.exists(leftover))
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  def test_damaged_rows_after_the_checkpoint_are_dropped(self):
+    directory = self._copy_of_finished_run()
+    # Resumed after round 1, round 2's row is dropped.
+    run_files.garble_variables(run_files.checkpoint(directory, 3))
+    run_files.replace_line(os.path.join(directory, experiment.METRICS_FILE), 4,
+                           'garbage\r\n')
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertRegex(messages[2], "dropped line 4 has 1 of the \\d+ columns: 'garbage'")
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  def test_a_kill_while_a_row_is_written_leaves_the_finished_rows_whole(self):
+    directory = self._copy_of_finished_run()
+    metrics = os.path.join(directory, experiment.METRICS_FILE)
+    with open(metrics, 'rb') as f:
+      before = f.read()
+    write = tf.io.gfile.GFile.write
+
+    def write_half_then_die(file, data):
+      if not data.startswith(f'{_FINISHED},'):
+        return write(file, data)
+      write(file, data[:len(data) // 2])
+      raise KeyboardInterrupt  # As a kill would, in the middle of round 3's row.
+
+    with mock.patch.object(tf.io.gfile.GFile, 'write', write_half_then_die):
+      with self.assertRaises(KeyboardInterrupt):
+        _run(self.simulation, directory, _ROUNDS)
+    with open(metrics, 'rb') as f:
+      self.assertEqual(f.read(), before)
+    _run(self.simulation, directory, _ROUNDS)
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  @parameterized.named_parameters(*run_files.BAD_FILES)
+  def test_what_cannot_be_resumed_is_named_and_left_as_found(self, damage, problem):
+    directory = self._copy_of_finished_run()
+    path = damage(directory)
+    before = _snapshot(directory)
+    with self.assertRaisesRegex(experiment.RunFileError, problem) as raised:
+      _run(self.simulation, directory, _ROUNDS)
+    self.assertEqual(raised.exception.path, path)
+    self.assertTrue(str(raised.exception).startswith(path + ': '))
+    self.assertNotIn('\n', str(raised.exception))
+    self.assertTrue(raised.exception.fix)
+    self.assertEqual(_snapshot(directory), before)
+
+  def test_config_that_is_not_an_object_is_named(self):
+    directory = self._copy_of_finished_run()
+    with open(os.path.join(directory, experiment.CONFIG_FILE), 'w') as f:
+      json.dump([1, 2], f)
+    with self.assertRaisesRegex(experiment.RunFileError, 'holds a JSON list'):
+      _run(self.simulation, directory, _ROUNDS)
+
+
+if __name__ == '__main__':
+  absltest.main()
