@@ -11,6 +11,7 @@ import tensorflow_federated as tff
 
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 
 def check_tau(tau) -> float:
@@ -25,7 +26,7 @@ def _map(fn, *structures):
   return tf.nest.map_structure(fn, *[numerics.as_nest(s) for s in structures])
 
 
-class GradientMaskedAveragingFactory(tff.aggregators.WeightedAggregationFactory):
+class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
   """Gradient masked averaging: the weighted mean, damped where clients disagree.
 
   With N finite clients and updates Δ_n, the agreement of scalar parameter j is
@@ -88,7 +89,7 @@ class GradientMaskedAveragingFactory(tff.aggregators.WeightedAggregationFactory)
     self._sign_sum = sign_sum_factory
     self._inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     mean_process = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
     sign_process = self._sign_sum.create(value_type)

@@ -12,10 +12,10 @@ import tensorflow_privacy as tfp
 
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 
-class DifferentiallyPrivateWeightedMeanFactory(
-    tff.aggregators.WeightedAggregationFactory):
+class DifferentiallyPrivateWeightedMeanFactory(unit_weights.WeightedOrUnweightedFactory):
   """Weighted mean Σ β_i x_i / Σ β_i from one Gaussian-mechanism sum.
 
   Every client sends the record (β_i x_i, β_i), clipped as a whole to L2 norm `clip`;
@@ -74,7 +74,7 @@ class DifferentiallyPrivateWeightedMeanFactory(
     self._sum_factory = tff.aggregators.DifferentiallyPrivateFactory(
         query, record_aggregation_factory)
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     record_type = tff.types.to_type(collections.OrderedDict(
         weighted_value=value_type, weight=tff.TensorType(np.float32)))
