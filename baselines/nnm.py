@@ -98,6 +98,8 @@ class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
     self._fraction = (None if byzantine_fraction is None else gather.check_fraction(
         'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
 
+  inner = property(lambda self: self._inner, doc='The aggregator of the mixed updates.')
+
   def _initial_state(self, dtype, size):
     return self._inner._initial_state(dtype, size)  # pylint: disable=protected-access
 

@@ -119,7 +119,8 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
       log(f'{label}: finished, skipped.')
       continue
     factory = registry.aggregator_from_name(
-        run.aggregator, **spec.aggregator_args.get(run.aggregator, {}))
+        run.aggregator, assumed_byzantine_fraction=run.rho,
+        **spec.aggregator_args.get(run.aggregator, {}))
     attack_params = spec.attack_args.get(run.attack, {})
     sim = loop.Simulation(task, factory, attack=run.attack, attack_params=attack_params,
                           rho=run.rho, seed=run.seed, **spec.simulation_kwargs)
