@@ -44,9 +44,12 @@ def mixing_matrix(values, num_byzantine):
 def mix(values, num_byzantine):
   """Each row of `values` replaced by the mean of its n − f nearest rows (values'
   dtype; accumulated in float64, so float32 rows near 3e38 do not overflow)."""
-  mixed = tf.linalg.matmul(mixing_matrix(values, num_byzantine),
-                           tf.cast(values, tf.float64))
-  return tf.cast(mixed, values.dtype)
+  def mixed():
+    return tf.cast(tf.linalg.matmul(mixing_matrix(values, num_byzantine),
+                                    tf.cast(values, tf.float64)), values.dtype)
+
+  # No client of weight > 0: nothing to mix (tf.map_fn cannot stack an empty result).
+  return tf.cond(tf.shape(values)[0] > 0, mixed, lambda: values)
 
 
 class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):

@@ -40,7 +40,7 @@ class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
   [-1, 1], and `MeanFactory(value_sum_factory=SecureSumFactory(bound))` for the mean);
   N is a federated sum of 0/1 client flags.
 
-  N counts the clients of weight > 0. Inputs must be finite: wrap the factory in
+  N counts the clients of weight > 0; only they vote. Inputs must be finite: wrap the factory in
   `tff_robust.NonfiniteFilteringFactory` (the learning builders and `tasks.registry`
   do) to give a NaN or infinite client weight 0, so it counts neither in the mean, the
   signs nor N.
@@ -95,9 +95,11 @@ class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
     sign_process = self._sign_sum.create(value_type)
     tau = self._tau
 
-    @tff.tensorflow.computation(value_type)
-    def signs(value):
-      return _map(tf.sign, value)
+    @tff.tensorflow.computation(value_type, tf.float32)
+    def signs(value, weight):
+      # A client of weight 0 does not vote, as it does not count in N.
+      votes = tf.cast(weight > 0, tf.float32)
+      return _map(lambda x: tf.sign(x) * tf.cast(votes, x.dtype), value)
 
     @tff.tensorflow.computation(tf.float32)
     def is_counted(weight):
@@ -133,7 +135,8 @@ class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
     def next_fn(state, value, weight):
       alpha = iterative_mean.float32_weights(weight_type, weight)
       mean_output = mean_process.next(state.mean, value, alpha)
-      sign_output = sign_process.next(state.sign_sum, tff.federated_map(signs, value))
+      sign_output = sign_process.next(state.sign_sum,
+                                      tff.federated_map(signs, (value, alpha)))
       num_voters = tff.federated_sum(tff.federated_map(is_counted, alpha))
       masked = tff.federated_map(
           apply_mask, (mean_output.result, sign_output.result, num_voters))
