@@ -86,6 +86,23 @@ class OriginalAggregationCasesTest(parameterized.TestCase):
                                rtol=1e-6, atol=1e-6)
     self.assertEqual(output.measurements['num_passes_applied'], num_passes)
 
+  @parameterized.named_parameters(*[(entry, entry) for entry in ENTRY_POINTS])
+  def test_tolerance_is_nu_where_it_binds(self, entry):
+    # Beyond the original's cases, whose distances (~9) never reach ν: here the
+    # clients are 1e-3 × the original's, at 0.0059-0.0064 from the estimate, so
+    # ν = 0.0062 floors about half of the distances.
+    data = toy_data()[0] * np.float32(1e-3)
+    proc = ENTRY_POINTS[entry](5, 0.0062)
+    output = proc.next(proc.initialize(), [[x.reshape(DIM, 1)] for x in data],
+                       [np.float32(1.0)] * NUM_DATA_POINTS)
+    weights = np.ones(NUM_DATA_POINTS, np.float32) / NUM_DATA_POINTS
+    expected = original_numpy(data, weights, 5, 0.0062)
+    np.testing.assert_allclose(np.reshape(output.result[0], -1), expected,
+                               rtol=1e-6, atol=1e-9)
+    # With ν = 1e-6 instead the result moves (ν is what `tolerance` sets).
+    self.assertGreater(np.abs(original_numpy(data, weights, 5, 1e-6) - expected).max(),
+                       1e-7)
+
 
 class NegativePrediction(tf.keras.losses.Loss):
   """Loss −prediction per example."""
