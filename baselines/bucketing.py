@@ -81,6 +81,9 @@ class BucketingFactory(gather.GatheringAggregationFactory):
     self._bucket_size = iterative_mean.check_positive_int('bucket_size', bucket_size)
     self._seed = int(seed)
 
+  inner = property(lambda self: self._inner, doc='The aggregator of the bucket means.')
+  bucket_size = property(lambda self: self._bucket_size, doc='s, clients per bucket.')
+
   def _initial_state(self, dtype, size):
     return collections.OrderedDict(
         round=tf.constant(0, tf.int64),

@@ -22,6 +22,7 @@ import tensorflow_federated as tff
 
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 
 leaf_types = iterative_mean.tensor_types
@@ -130,8 +131,7 @@ def gather_at_server(value_type, weight_type, value, weight):
   return tff.federated_aggregate(rows, zero(), accumulate, merge, report)
 
 
-class GatheringAggregationFactory(tff.aggregators.WeightedAggregationFactory,
-                                  metaclass=abc.ABCMeta):
+class GatheringAggregationFactory(unit_weights.WeightedOrUnweightedFactory):
   """Base class of the baselines computed at the server from all client updates.
 
   NOT compatible with secure aggregation: every client's update reaches the server.
@@ -153,7 +153,7 @@ class GatheringAggregationFactory(tff.aggregators.WeightedAggregationFactory,
   def _server_aggregate(self, values, weights, state):
     raise NotImplementedError
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     dtype = vector_dtype(value_type)
     size = num_parameters(value_type)

@@ -7,6 +7,7 @@ with secure aggregation.
 import collections
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
 from baselines import gather
@@ -50,9 +51,11 @@ class KrumFactory(gather.GatheringAggregationFactory):
   The average is weighted by the clients' weights (a plain average with equal
   weights). Ties are broken by client order (stable sort).
 
-  Krum needs n > 2f + 2. n is only known when the process runs, so a round with too
-  few clients fails then with an `InvalidArgumentError` naming
-  `num_byzantine`.
+  Krum needs n > 2f + 2. n is only known when the process runs: a caller that knows
+  it calls `check_num_clients(n)` first for a plain Python `ValueError` (the
+  simulation does, through `tasks.registry.check_num_clients`); otherwise the round
+  fails inside TFF's executor (a gRPC INTERNAL error) whose message is this one,
+  naming `num_byzantine`.
 
   NOT compatible with secure aggregation: every client's update reaches the server.
 
@@ -97,6 +100,26 @@ class KrumFactory(gather.GatheringAggregationFactory):
         raise ValueError(
             f'num_selected must be an integer >= 1 or None, got {num_selected!r}.')
     self._num_selected = num_selected
+
+  def num_byzantine_for(self, num_clients: int) -> int:
+    """f for a round of `num_clients` clients (of weight > 0)."""
+    if self._num_byzantine is not None:
+      return self._num_byzantine
+    return int(np.floor(self._fraction * num_clients))
+
+  def check_num_clients(self, num_clients: int) -> None:
+    """Raises a ValueError if a round of `num_clients` clients (of weight > 0)
+    breaks Krum's n > 2f + 2 or has fewer than `num_selected` clients."""
+    f = self.num_byzantine_for(num_clients)
+    if num_clients <= 2 * f + 2:
+      raise ValueError(
+          f'KrumFactory: Krum needs more than 2 * num_byzantine + 2 = {2 * f + 2} '
+          f'finite clients (n > 2f + 2), got n = {num_clients} with f = {f}; lower '
+          'num_byzantine (or byzantine_fraction) or sample more clients.')
+    if self._num_selected is not None and self._num_selected > num_clients:
+      raise ValueError(
+          f'KrumFactory: num_selected = {self._num_selected} exceeds the '
+          f'{num_clients} clients of the round.')
 
   def _server_aggregate(self, values, weights, state):
     n = tf.shape(values)[0]

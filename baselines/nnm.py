@@ -44,9 +44,12 @@ def mixing_matrix(values, num_byzantine):
 def mix(values, num_byzantine):
   """Each row of `values` replaced by the mean of its n − f nearest rows (values'
   dtype; accumulated in float64, so float32 rows near 3e38 do not overflow)."""
-  mixed = tf.linalg.matmul(mixing_matrix(values, num_byzantine),
-                           tf.cast(values, tf.float64))
-  return tf.cast(mixed, values.dtype)
+  def mixed():
+    return tf.cast(tf.linalg.matmul(mixing_matrix(values, num_byzantine),
+                                    tf.cast(values, tf.float64)), values.dtype)
+
+  # No client of weight > 0: nothing to mix (tf.map_fn cannot stack an empty result).
+  return tf.cond(tf.shape(values)[0] > 0, mixed, lambda: values)
 
 
 class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
@@ -97,6 +100,8 @@ class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
     self._num_byzantine = gather.optional_int('num_byzantine', num_byzantine)
     self._fraction = (None if byzantine_fraction is None else gather.check_fraction(
         'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
+
+  inner = property(lambda self: self._inner, doc='The aggregator of the mixed updates.')
 
   def _initial_state(self, dtype, size):
     return self._inner._initial_state(dtype, size)  # pylint: disable=protected-access

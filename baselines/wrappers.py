@@ -7,6 +7,7 @@ import tensorflow_federated as tff
 
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 # Updates are scaled down to this norm before TFF's clipping sees them: TFF computes the
 # norm in float32, which overflows to inf from ~1e19 on, and x / inf = 0 would drop the
@@ -14,7 +15,7 @@ from tff_robust import numerics
 NORM_BEFORE_CLIPPING = 1e18
 
 
-class NormBoundingFactory(tff.aggregators.WeightedAggregationFactory):
+class NormBoundingFactory(unit_weights.WeightedOrUnweightedFactory):
   """Scales a client update of L2 norm (computed in float64, rescaled) above
   `max_norm` down to norm `max_norm` on its client, then aggregates with `inner`:
   direction kept, norm still far above any clipping bound. TFF's clipping computes the
@@ -32,7 +33,7 @@ class NormBoundingFactory(tff.aggregators.WeightedAggregationFactory):
     self._inner = iterative_mean.check_inner_mean_factory(inner)
     self._max_norm = iterative_mean.check_positive_float('max_norm', max_norm)
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     inner = self._inner.create(value_type, weight_type)
     max_norm = self._max_norm

@@ -8,14 +8,16 @@ A name may compose pre-aggregation wrappers with an aggregator, outermost first:
 'bucketing+median' is `BucketingFactory(CoordinateWiseMedianFactory())`; the wrappers'
 arguments come in `wrapper_args` (wrapper name → keyword arguments).
 
-Every factory built here is wrapped, outermost, in
+Every factory built here is weighted and unweighted (`create(value_type)` gives every
+client weight 1; `build_unweighted_fed_avg` takes it) and is wrapped, outermost, in
 `tff_robust.NonfiniteFilteringFactory`: a client with a NaN or an infinity gets weight 0
 and is counted in the `num_nonfinite_clients` measurement.
 
 The names cover both layers: the deployable, secure-aggregation compatible factories of
 `tff_robust` and the comparison methods of `baselines`. Every name returns a
-`tff.aggregators.WeightedAggregationFactory` (the unweighted baselines accept and
-ignore the weights), so any of them plugs into `build_weighted_fed_avg`. Whether a
+`tff.aggregators.WeightedAggregationFactory` and `UnweightedAggregationFactory` (the
+unweighted baselines accept and ignore the weights), so any of them plugs into
+`build_weighted_fed_avg` and `build_unweighted_fed_avg`. Whether a
 factory is secure-aggregation compatible is declared by its class
 (`secure_compatible`), never listed here.
 
@@ -40,15 +42,35 @@ from tff_robust import nonfinite
 Builder = Callable[..., tff.aggregators.WeightedAggregationFactory]
 
 
-def _multi_krum(**kwargs):
+# Krum's assumed fraction of corrupted clients when neither f nor a fraction is given
+# and the run's ρ is unknown: f = ⌊n/4⌋, so n > 2f + 2 holds from n = 5 on.
+DEFAULT_BYZANTINE_FRACTION = 0.25
+
+
+def _with_assumed_byzantine(kwargs, assumed_fraction):
+  """f defaults to ⌊ρ·n⌋, ρ the run's corruption level if known, else 0.25."""
+  if kwargs.get('num_byzantine') is None and kwargs.get('byzantine_fraction') is None:
+    kwargs = dict(kwargs, num_byzantine=None, byzantine_fraction=(
+        DEFAULT_BYZANTINE_FRACTION if assumed_fraction is None else assumed_fraction))
+  return kwargs
+
+
+def _multi_krum(assumed_byzantine_fraction=None, **kwargs):
   kwargs.setdefault('num_selected', None)
-  return krum.KrumFactory(**kwargs)
+  return krum.KrumFactory(
+      **_with_assumed_byzantine(kwargs, assumed_byzantine_fraction))
 
 
-def _krum(**kwargs):
+def _krum(assumed_byzantine_fraction=None, **kwargs):
   if kwargs.get('num_selected', 1) != 1:
     raise ValueError("'krum' selects one update; use 'multi_krum' for num_selected.")
-  return krum.KrumFactory(**kwargs)
+  return krum.KrumFactory(
+      **_with_assumed_byzantine(kwargs, assumed_byzantine_fraction))
+
+
+# The aggregators whose default assumed number of corrupted clients comes from
+# `aggregator_from_name(..., assumed_byzantine_fraction=ρ)`.
+_TAKE_ASSUMED_FRACTION = ('krum', 'multi_krum')
 
 
 def _gamma_mean_diagonal(**kwargs):
@@ -111,10 +133,21 @@ def split_name(name: str) -> tuple[list[str], str]:
 
 def aggregator_from_name(
     name: str, wrapper_args: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    assumed_byzantine_fraction: Optional[float] = None,
     **kwargs) -> tff.aggregators.WeightedAggregationFactory:
   """The weighted aggregation factory called `name`, built with `kwargs` (the named
   aggregator's constructor arguments; 'multi_krum' defaults `num_selected` to n − f)
   and wrapped by the wrappers the name lists, with `wrapper_args`.
+
+  'krum' and 'multi_krum' need f, the assumed number of corrupted clients: without
+  `num_byzantine` or `byzantine_fraction` it is ⌊ρ·n⌋ for the n clients of a round,
+  ρ = `assumed_byzantine_fraction` (the simulation binaries pass the run's --rho), or
+  `DEFAULT_BYZANTINE_FRACTION` = 0.25 if that is None. Other aggregators ignore
+  `assumed_byzantine_fraction`.
+
+  Every returned factory is both a weighted and an unweighted TFF factory
+  (`create(value_type)` gives every client weight 1), so it plugs into
+  `build_weighted_fed_avg` and `build_unweighted_fed_avg` alike.
 
   Raises:
     ValueError: for an unknown name (the message lists the known ones) or invalid
@@ -123,6 +156,8 @@ def aggregator_from_name(
       the aggregator.
   """
   wrappers, base = split_name(name)
+  if base in _TAKE_ASSUMED_FRACTION:
+    kwargs['assumed_byzantine_fraction'] = assumed_byzantine_fraction
   factory = AGGREGATORS[base](**kwargs)
   for wrapper in reversed(wrappers):
     factory = WRAPPERS[wrapper](factory, **(wrapper_args or {}).get(wrapper, {}))
@@ -133,3 +168,24 @@ def is_secure_compatible(factory: tff.aggregators.WeightedAggregationFactory) ->
   """What the factory's class declares: True when client values reach the server only
   through sums (so a secure inner sum makes the whole aggregate secure)."""
   return bool(getattr(factory, 'secure_compatible', False))
+
+
+def check_num_clients(factory, num_clients: int) -> None:
+  """Raises a ValueError, before a round runs, if `factory` (as built here) cannot
+  aggregate `num_clients` clients of weight > 0 (Krum's n > 2f + 2, also inside
+  bucketing, whose inner aggregator sees ⌈n/s⌉ bucket means, and nearest-neighbour
+  mixing): a clear Python error instead of the failed assertion TFF's executor
+  reports as a gRPC INTERNAL error. Factories without such a condition pass."""
+  while True:
+    check = getattr(factory, 'check_num_clients', None)
+    if check is not None:
+      check(num_clients)
+    if isinstance(factory, nonfinite.NonfiniteFilteringFactory):
+      factory = factory.inner
+    elif isinstance(factory, bucketing.BucketingFactory):
+      num_clients = -(-num_clients // factory.bucket_size)
+      factory = factory.inner
+    elif isinstance(factory, nnm.NearestNeighborMixingFactory):
+      factory = factory.inner
+    else:
+      return

@@ -6,6 +6,10 @@ Aggregation factories (plug into `model_aggregator=` of any TFF learning builder
   GradientMaskedAveragingFactory                             (GMA)
   DifferentiallyPrivateWeightedMeanFactory                   (DP inner mean)
   NonfiniteFilteringFactory               (drops NaN/Inf clients in front of any of them)
+Every factory is weighted and unweighted (`create(value_type)`: weight 1 per client),
+so it also plugs into `build_unweighted_fed_avg`; `unweighted(f)` does the same for any
+other weighted factory. `original_rfa` takes the original TFF RFA's arguments
+(google-research/federated `robust_aggregation`) with their original meaning.
 Personalization (client side: Ditto, personalized RFA): PersonalizationClient.
 Learning processes (drop-in for `tff.learning.algorithms.build_weighted_fed_avg`):
   build_robust_federated_aggregation_process, build_one_step_robust_federated_aggregation_process,
@@ -17,6 +21,7 @@ drives RFA and the γ-mean there one secure average per computation.
 """
 
 from tff_robust import distributed
+from tff_robust import original_rfa
 from tff_robust import passwise
 from tff_robust import runtime
 from tff_robust.gamma_mean import GammaMeanFactory
@@ -29,3 +34,4 @@ from tff_robust.learning import build_process_with_aggregator
 from tff_robust.learning import build_robust_federated_aggregation_process
 from tff_robust.personalization import PersonalizationClient
 from tff_robust.privacy import DifferentiallyPrivateWeightedMeanFactory
+from tff_robust.unit_weights import unweighted

@@ -15,6 +15,7 @@ import tensorflow_federated as tff
 from tff_robust import geometric_median
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 COVARIANCES = ('identity', 'diagonal')
 INITIAL_POINTS = ('mean', 'geometric_median')
@@ -65,7 +66,7 @@ def gamma_weight(alpha, distance, gamma):
   return tf.cast(weight, tf.float32)
 
 
-class GammaMeanFactory(tff.aggregators.WeightedAggregationFactory):
+class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
   """The γ-mean of client updates: Gaussian-likelihood-weighted fixed-point means.
 
   The created `tff.templates.AggregationProcess` takes a value at CLIENTS (any
@@ -210,7 +211,7 @@ class GammaMeanFactory(tff.aggregators.WeightedAggregationFactory):
       return self._gamma
     return self._gamma_per_dimension / max(iterative_mean.num_parameters(value_type), 1)
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     gamma = self.gamma_for(value_type)
     if self._covariance == 'identity':

@@ -13,8 +13,31 @@ import tensorflow_federated as tff
 
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 INITIAL_POINTS = ('mean', 'zero')
+DEFAULT_NU = 1e-6  # Paper D.2.3.
+DEFAULT_TOLERANCE = 1e-6
+
+
+def check_tolerance_meaning(nu, tolerance) -> None:
+  """Raises a ValueError for `tolerance` > 0 given without `nu`.
+
+  In google-research/federated's `robust_aggregation` (the original TFF RFA),
+  `tolerance` is the smoothing ν; here ν is `nu` and `tolerance` an early-stop
+  threshold. Code written for the original passes its ν as `tolerance` and no `nu`:
+  it would silently get ν = 1e-6 and an early stop. Giving both states which is
+  meant; `tolerance=0` (every pass applied) has no ν reading and passes alone.
+  """
+  if nu is None and tolerance is not None and tolerance != 0:
+    raise ValueError(
+        f'tolerance={tolerance!r} without nu: here `tolerance` is the early-stop '
+        'threshold on the relative gradient and the smoothing ν is `nu`, whereas in '
+        "google-research/federated's robust_aggregation `tolerance` IS ν. Pass both "
+        '(e.g. nu=1e-6, tolerance=1e-6 for the defaults), or use '
+        'tff_robust.original_rfa.RobustWeiszfeldFactory(num_communication_passes, '
+        "tolerance) for the original's meaning (ν = tolerance, weighted-mean start, "
+        'no early stop).')
 
 
 def smoothed_norm(distance, nu):
@@ -29,7 +52,7 @@ def weiszfeld_beta(weight, distance, nu):
   return tf.cast(tf.cast(weight, tf.float64) / tf.maximum(distance, nu), tf.float32)
 
 
-class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
+class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
   """Geometric median of client updates by the smoothed Weiszfeld algorithm.
 
   The created `tff.templates.AggregationProcess` takes a value at CLIENTS (a model
@@ -108,8 +131,8 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
   def __init__(
       self,
       num_communication_passes: int = 3,
-      nu: float = 1e-6,
-      tolerance: float = 1e-6,
+      nu: Optional[float] = None,
+      tolerance: Optional[float] = None,
       inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
       initial_point: str = 'zero',
       report_max_effective_weight: bool = True,
@@ -120,9 +143,15 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
     Args:
       num_communication_passes: R >= 1, the number of calls of the inner mean
         (secure-average calls), the first one included. Paper default 3.
-      nu: ν > 0, the smoothing floor on distances. Paper default 1e-6.
+      nu: ν > 0, the smoothing floor on distances; None means 1e-6 (paper
+        default, `DEFAULT_NU`).
       tolerance: relative gradient ‖∇g_ν‖ / Σα in [0, 1) at or below which the
-        estimate is frozen (see the class docstring); 0 applies every pass.
+        estimate is frozen (see the class docstring); 0 applies every pass; None
+        means 1e-6 (`DEFAULT_TOLERANCE`). NOT the `tolerance` of google-research/
+        federated's `robust_aggregation`, which is ν: a positive `tolerance` without
+        `nu` raises (see `check_tolerance_meaning`);
+        `tff_robust.original_rfa.RobustWeiszfeldFactory` takes the original's
+        arguments with the original's meaning.
       inner_mean_factory: the weighted mean each pass goes through. Defaults to
         `tff_robust.iterative_mean.Float32MeanFactory()` (TFF's `MeanFactory`, safe
         for the tiny weights of far-away clients).
@@ -136,12 +165,15 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
         with Σβ.
 
     Raises:
-      ValueError: if `num_communication_passes` < 1, `nu` <= 0, `tolerance` < 0 or
-        `initial_point` is unknown.
+      ValueError: if `num_communication_passes` < 1, `nu` <= 0, `tolerance` < 0,
+        a positive `tolerance` comes without `nu`, or `initial_point` is unknown.
       TypeError: if `inner_mean_factory` is not a weighted aggregation factory.
     """
     self._num_passes = iterative_mean.check_positive_int(
         'num_communication_passes', num_communication_passes)
+    check_tolerance_meaning(nu, tolerance)
+    nu = DEFAULT_NU if nu is None else nu
+    tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
     self._nu = iterative_mean.check_positive_float('nu', nu)
     if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
       raise ValueError(f'tolerance must be a number in [0, 1), got {tolerance!r}.')
@@ -168,7 +200,7 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
   report_max_effective_weight = property(lambda self: self._report_max_weight)
   report_objective = property(lambda self: self._report_objective)
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     inner = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
     steps = WeiszfeldSteps(self, value_type)
@@ -350,7 +382,7 @@ def _max_effective_weight(weights, weight_sum):
 
 
 def one_step_geometric_median_factory(
-    nu: float = 1e-6,
+    nu: float = DEFAULT_NU,
     inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     report_max_effective_weight: bool = True,
     report_objective: bool = True,

@@ -11,6 +11,7 @@ import tensorflow_federated as tff
 
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 
 def check_tau(tau) -> float:
@@ -25,7 +26,7 @@ def _map(fn, *structures):
   return tf.nest.map_structure(fn, *[numerics.as_nest(s) for s in structures])
 
 
-class GradientMaskedAveragingFactory(tff.aggregators.WeightedAggregationFactory):
+class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
   """Gradient masked averaging: the weighted mean, damped where clients disagree.
 
   With N finite clients and updates Δ_n, the agreement of scalar parameter j is
@@ -39,7 +40,7 @@ class GradientMaskedAveragingFactory(tff.aggregators.WeightedAggregationFactory)
   [-1, 1], and `MeanFactory(value_sum_factory=SecureSumFactory(bound))` for the mean);
   N is a federated sum of 0/1 client flags.
 
-  N counts the clients of weight > 0. Inputs must be finite: wrap the factory in
+  N counts the clients of weight > 0; only they vote. Inputs must be finite: wrap the factory in
   `tff_robust.NonfiniteFilteringFactory` (the learning builders and `tasks.registry`
   do) to give a NaN or infinite client weight 0, so it counts neither in the mean, the
   signs nor N.
@@ -88,15 +89,17 @@ class GradientMaskedAveragingFactory(tff.aggregators.WeightedAggregationFactory)
     self._sign_sum = sign_sum_factory
     self._inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     mean_process = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
     sign_process = self._sign_sum.create(value_type)
     tau = self._tau
 
-    @tff.tensorflow.computation(value_type)
-    def signs(value):
-      return _map(tf.sign, value)
+    @tff.tensorflow.computation(value_type, tf.float32)
+    def signs(value, weight):
+      # A client of weight 0 does not vote, as it does not count in N.
+      votes = tf.cast(weight > 0, tf.float32)
+      return _map(lambda x: tf.sign(x) * tf.cast(votes, x.dtype), value)
 
     @tff.tensorflow.computation(tf.float32)
     def is_counted(weight):
@@ -132,7 +135,8 @@ class GradientMaskedAveragingFactory(tff.aggregators.WeightedAggregationFactory)
     def next_fn(state, value, weight):
       alpha = iterative_mean.float32_weights(weight_type, weight)
       mean_output = mean_process.next(state.mean, value, alpha)
-      sign_output = sign_process.next(state.sign_sum, tff.federated_map(signs, value))
+      sign_output = sign_process.next(state.sign_sum,
+                                      tff.federated_map(signs, (value, alpha)))
       num_voters = tff.federated_sum(tff.federated_map(is_counted, alpha))
       masked = tff.federated_map(
           apply_mask, (mean_output.result, sign_output.result, num_voters))

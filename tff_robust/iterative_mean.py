@@ -14,8 +14,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_robust import numerics
+from tff_robust import type_checks
+from tff_robust import unit_weights
 
-WEIGHT_TYPE = tff.TensorType(np.float32)
+WEIGHT_TYPE = unit_weights.UNIT_WEIGHT_TYPE
+check_float_structure = type_checks.check_float_structure
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
@@ -25,7 +28,7 @@ def default_inner_mean_factory() -> tff.aggregators.WeightedAggregationFactory:
   return Float64MeanFactory()
 
 
-class Float32MeanFactory(tff.aggregators.WeightedAggregationFactory):
+class Float32MeanFactory(unit_weights.WeightedOrUnweightedFactory):
   """Weighted mean Σ w_i x_i / Σ w_i with the products and their sum in the values'
   own dtype, as `tff.aggregators.MeanFactory(no_nan_division=True)`, and two fixes for
   the weights an iterative aggregate produces:
@@ -50,7 +53,7 @@ class Float32MeanFactory(tff.aggregators.WeightedAggregationFactory):
   # Two independent federated sums, as MeanFactory (mergeable across workers too).
   secure_compatible = True
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     check_float_structure(value_type)
 
     @tff.tensorflow.computation(value_type, weight_type)
@@ -74,7 +77,7 @@ class Float32MeanFactory(tff.aggregators.WeightedAggregationFactory):
     return _weighted_mean_process(value_type, weight_type, weighted)
 
 
-class Float64MeanFactory(tff.aggregators.WeightedAggregationFactory):
+class Float64MeanFactory(unit_weights.WeightedOrUnweightedFactory):
   """Weighted mean Σ α_i x_i / Σ α_i with the products and both sums in float64.
 
   The default inner mean of the plain means (`mean`, GMA, the γ-mean).
@@ -103,7 +106,7 @@ class Float64MeanFactory(tff.aggregators.WeightedAggregationFactory):
   # Two independent federated sums, as MeanFactory (mergeable across workers too).
   secure_compatible = True
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     check_float_structure(value_type)
 
     @tff.tensorflow.computation(value_type, weight_type)
@@ -173,19 +176,6 @@ def check_inner_mean_factory(factory) -> tff.aggregators.WeightedAggregationFact
         f'tff.aggregators.SecureSumFactory(...))); got {type(factory).__name__}.'
     )
   return factory
-
-
-def check_float_structure(value_type) -> None:
-  """Raises a TypeError unless `value_type` is a structure of float tensors."""
-  if not isinstance(value_type, (tff.TensorType, tff.StructType)):
-    raise TypeError(
-        f'Expected a tff.TensorType or tff.StructType value type, got {value_type!r}.'
-    )
-  if not tff.types.is_structure_of_floats(value_type):
-    raise TypeError(
-        'Robust aggregators need float values (model updates); got the value type '
-        f'{value_type}. Cast integer tensors to float before aggregating.'
-    )
 
 
 def check_positive_int(name: str, value) -> int:

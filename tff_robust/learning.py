@@ -25,8 +25,8 @@ def build_robust_federated_aggregation_process(
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     *,
     num_communication_passes: int = 3,
-    nu: float = 1e-6,
-    tolerance: float = 1e-6,
+    nu: Optional[float] = None,
+    tolerance: Optional[float] = None,
     initial_point: str = 'zero',
     inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     report_max_effective_weight: bool = True,
@@ -50,9 +50,10 @@ def build_robust_federated_aggregation_process(
     server_optimizer_fn: a `tff.learning.optimizers.Optimizer` applying the aggregate;
       defaults to SGD with learning rate 1 (the aggregate becomes the model delta).
     num_communication_passes: secure-average calls per round (paper default 3).
-    nu: smoothing floor ν on distances (paper default 1e-6).
+    nu: smoothing floor ν on distances (None: the paper's 1e-6).
     tolerance: relative gradient ‖∇g_ν‖/Σα at which the estimate freezes (0: every
-      pass is applied); see `GeometricMedianFactory`.
+      pass is applied; None: 1e-6); see `GeometricMedianFactory`. Not the original
+      TFF RFA's `tolerance` (which is ν): a positive value without `nu` raises.
     initial_point: 'zero' (the zero update, i.e. the current model; default, chosen
       by `benchmarks/gm_start_point.py`) or 'mean' (the paper's start).
     inner_mean_factory: the weighted mean each pass goes through (secure sum, DP).

@@ -16,11 +16,12 @@ import tensorflow_federated as tff
 
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 MEASUREMENT = 'num_nonfinite_clients'
 
 
-class NonfiniteFilteringFactory(tff.aggregators.WeightedAggregationFactory):
+class NonfiniteFilteringFactory(unit_weights.WeightedOrUnweightedFactory):
   """Gives weight 0 and a zero update to every client whose update or weight holds a
   NaN or an infinity, counts them, and aggregates with `inner` (weights as float32).
 
@@ -53,7 +54,7 @@ class NonfiniteFilteringFactory(tff.aggregators.WeightedAggregationFactory):
     """As the inner factory declares: the wrapper adds only a sum of client flags."""
     return bool(getattr(self._inner, 'secure_compatible', False))
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     inner = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
     filter_clients = client_filter(value_type, weight_type)

@@ -12,10 +12,10 @@ import tensorflow_privacy as tfp
 
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 
-class DifferentiallyPrivateWeightedMeanFactory(
-    tff.aggregators.WeightedAggregationFactory):
+class DifferentiallyPrivateWeightedMeanFactory(unit_weights.WeightedOrUnweightedFactory):
   """Weighted mean Σ β_i x_i / Σ β_i from one Gaussian-mechanism sum.
 
   Every client sends the record (β_i x_i, β_i), clipped as a whole to L2 norm `clip`;
@@ -40,8 +40,13 @@ class DifferentiallyPrivateWeightedMeanFactory(
   values returned by the inner mean only: set `report_max_effective_weight=False` on the
   outer factory and treat its objective measurements as non-private.
 
+  Records are float32 whatever the value's dtypes (tensorflow-privacy's Gaussian
+  query clips float32 records only): float64 and mixed-precision models are summed in
+  float32 (rounding far below any useful noise level) and the result has the value's
+  own dtypes.
+
   The process's `next` has type signature
-  `(<state, {value}@CLIENTS, {float32}@CLIENTS> -> <state, value@SERVER, measurements>)`
+  `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, value@SERVER, measurements>)`
   and reports the `DifferentiallyPrivateFactory` measurements (`dp_query_metrics`,
   `dp`) under `dp_sum`.
   """
@@ -74,23 +79,34 @@ class DifferentiallyPrivateWeightedMeanFactory(
     self._sum_factory = tff.aggregators.DifferentiallyPrivateFactory(
         query, record_aggregation_factory)
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
+    # tensorflow-privacy clips with a float32 bound over tensors of one dtype: float64
+    # and mixed-precision models failed to build. Records are float32; the result
+    # has the value's own dtypes.
+    dtype = tf.float32
+    template = iterative_mean.type_template(value_type)
     record_type = tff.types.to_type(collections.OrderedDict(
-        weighted_value=value_type, weight=tff.TensorType(np.float32)))
+        weighted_value=tf.nest.map_structure(
+            lambda spec: tff.TensorType(dtype.as_numpy_dtype, spec.shape), template),
+        weight=tff.TensorType(dtype.as_numpy_dtype)))
     sum_process = self._sum_factory.create(record_type)
 
     @tff.tensorflow.computation(value_type, weight_type)
     def to_record(value, weight):
-      weight = tf.cast(weight, tf.float32)
+      weight = tf.cast(weight, dtype)
       return collections.OrderedDict(
-          weighted_value=numerics.scale(value, weight), weight=weight)
+          weighted_value=tf.nest.map_structure(
+              lambda t: tf.cast(t, dtype) * weight, numerics.as_nest(value)),
+          weight=weight)
 
     @tff.tensorflow.computation(record_type)
     def divide(record_sum):
       return tf.nest.map_structure(
-          lambda t: tf.math.divide_no_nan(t, tf.cast(record_sum['weight'], t.dtype)),
-          numerics.as_nest(record_sum['weighted_value']))
+          lambda t, spec: tf.cast(
+              tf.math.divide_no_nan(t, record_sum['weight']), spec.dtype),
+          numerics.as_nest(record_sum['weighted_value']), template,
+          check_types=False)
 
     @tff.federated_computation()
     def init_fn():
@@ -111,3 +127,4 @@ class DifferentiallyPrivateWeightedMeanFactory(
       )
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
+

@@ -248,10 +248,13 @@ def aggregator_kwargs(name: str, entries: Sequence[str]) -> dict[str, Any]:
   return kwargs
 
 
-def build_aggregator(name: str, entries: Sequence[str]):
-  """`aggregator_from_name(name, ...)` with --aggregator_args, errors naming it."""
+def build_aggregator(name: str, entries: Sequence[str],
+                     rho: Optional[float] = None):
+  """`aggregator_from_name(name, ...)` with --aggregator_args, errors naming it; the
+  run's `rho` is Krum's default assumed corrupted fraction."""
   try:
-    return registry.aggregator_from_name(name, **aggregator_kwargs(name, entries))
+    return registry.aggregator_from_name(
+        name, assumed_byzantine_fraction=rho, **aggregator_kwargs(name, entries))
   except (TypeError, ValueError) as e:
     raise ValueError(f'--aggregator_args={",".join(entries)} is invalid for '
                      f'aggregator {name}: {e}') from e

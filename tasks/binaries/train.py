@@ -93,7 +93,8 @@ def experiment_name() -> str:
 def build_simulation(task, context=None) -> loop.Simulation:
   """The simulation the flags describe (on the workers of `context`, if given)."""
   return distributed_simulation.build_simulation(
-      task, flag_groups.build_aggregator(FLAGS.aggregator, FLAGS.aggregator_args),
+      task, flag_groups.build_aggregator(FLAGS.aggregator, FLAGS.aggregator_args,
+                                         rho=FLAGS.rho),
       flag_groups.client_work_from_flags(task), context=context, attack=FLAGS.attack,
       attack_params=flag_groups.parse_named_args(FLAGS.attack_args, FLAGS.attack,
                                                  attacks.UPDATE_ATTACKS),

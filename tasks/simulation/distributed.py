@@ -33,6 +33,7 @@ import tensorflow_federated as tff
 # no public name for it.
 from tensorflow_federated.python.learning.templates import model_delta_client_work
 
+from tasks import registry
 from tasks.builders import task as task_lib
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import loop
@@ -172,6 +173,11 @@ class _PasswiseOnWorkers:
 
   def __init__(self, factory, context):
     self._factory, self._context = passwise.PasswiseFactory(factory), context
+    self._aggregator_factory = factory
+
+  def check_num_clients(self, num_clients: int) -> None:
+    """The aggregator's own early check (`registry.check_num_clients`)."""
+    registry.check_num_clients(self._aggregator_factory, num_clients)
 
   def create(self, value_type, weight_type):
     process = self._factory.create(value_type, weight_type)

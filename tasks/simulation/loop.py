@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import registry
 from tasks.builders import task as task_lib
 from tasks.simulation import attacks
 from tasks.simulation import client_work as client_work_lib
@@ -173,6 +174,7 @@ class Simulation:
     self._client_work = client_work or client_work_lib.fedavg_client_work(task)
     with tf.Graph().as_default():
       weights_type = tff.learning.models.weights_type_from_model(task.model_fn())
+    self._aggregator_factory = aggregator_factory
     self._aggregation = aggregator_factory.create(weights_type.trainable,
                                                   tff.TensorType(np.float32))
     self._finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
@@ -221,6 +223,11 @@ class Simulation:
     if self._update_attack is not None:
       updates = self._update_attack(updates, trained.weights, corrupted,
                                     np.random.default_rng([self._seed, round_num, 1]))
+    # A Python error naming the condition (Krum's n > 2f + 2) rather than TFF's
+    # executor failing the round with a gRPC INTERNAL error.
+    registry.check_num_clients(self._aggregator_factory, sum(
+        1 for u, w in zip(updates, trained.weights)
+        if w > 0 and np.isfinite(w) and all_finite(u)))
     aggregate = self._aggregation.next(state['aggregator'], updates,
                                        [np.float32(w) for w in trained.weights])
     applied = self._finalizer.next(state['server_optimizer'], weights,

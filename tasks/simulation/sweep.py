@@ -155,7 +155,8 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
       log(f'{label}: finished, skipped.')
       continue
     factory = registry.aggregator_from_name(
-        run.aggregator, **spec.aggregator_args.get(run.aggregator, {}))
+        run.aggregator, assumed_byzantine_fraction=run.rho,
+        **spec.aggregator_args.get(run.aggregator, {}))
     attack_params = spec.attack_args.get(run.attack, {})
     work = client_work_lib.client_work_from_name(
         spec.client_work, task, worker_momentum=run.worker_momentum,

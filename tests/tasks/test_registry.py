@@ -116,10 +116,6 @@ class FedAvgPluginTest(parameterized.TestCase):
     self.assertGreater(sum(np.abs(w).sum() for w in weights), 0.0)
 
 
-if __name__ == '__main__':
-  tf.test.main()
-
-
 class WrappedNamesTest(parameterized.TestCase):
 
   def test_wrapper_and_its_arguments(self):
@@ -136,3 +132,75 @@ class WrappedNamesTest(parameterized.TestCase):
       registry.aggregator_from_name('shuffle+median')
     with self.assertRaisesRegex(ValueError, "Unknown aggregator 'medain'"):
       registry.aggregator_from_name('bucketing+medain')
+
+
+class UnweightedFedAvgTest(parameterized.TestCase):
+  """`build_unweighted_fed_avg` takes the factories as they are (every name's
+  `create(value_type)` is checked in `test_registry_contract.py`; a full learning
+  process is built for a representative few: iterative secure, gathering, stateful)."""
+
+  @parameterized.named_parameters(('gm', 'gm'), ('krum', 'krum'),
+                                  ('gamma_mean', 'gamma_mean'),
+                                  ('centered_clipping', 'centered_clipping'))
+  def test_one_round(self, name):
+    process = tff.learning.algorithms.build_unweighted_fed_avg(
+        _model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+        model_aggregator=registry.aggregator_from_name(name))
+    output = process.next(process.initialize(), [_client_data(i) for i in range(8)])
+    weights = process.get_model_weights(output.state).trainable
+    self.assertTrue(all(np.all(np.isfinite(w)) for w in weights))
+    self.assertGreater(sum(np.abs(w).sum() for w in weights), 0.0)
+
+
+def numpy_krum(x, f):
+  """Blanchard et al.: the row whose n − f − 2 nearest other rows are closest."""
+  n = len(x)
+  distances = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
+  np.fill_diagonal(distances, np.inf)
+  scores = np.sort(distances, axis=1)[:, :n - f - 2].sum(1)
+  return x[np.argmin(scores)]
+
+
+class KrumByNameTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      # f = floor(0.25 * 10) = 2: the documented default.
+      ('default', {}, 2),
+      # The run's rho, as the binaries pass it: f = floor(0.1 * 10) = 1.
+      ('run_rho', dict(assumed_byzantine_fraction=0.1), 1),
+      # Explicit arguments win over the run's rho.
+      ('explicit', dict(num_byzantine=3, assumed_byzantine_fraction=0.1), 3),
+  )
+  def test_krum_without_arguments(self, kwargs, expected_f):
+    x = np.random.default_rng(11).normal(size=(10, cases.DIMENSION))
+    x[:2] += 50.0  # Two far clients: Krum never picks them.
+    proc = cases.process(('krum_by_name', expected_f),
+                         lambda: registry.aggregator_from_name('krum', **kwargs))
+    result, output = cases.run(proc, x, np.ones(10))
+    self.assertEqual(output.measurements['num_byzantine'], expected_f)
+    np.testing.assert_allclose(result, numpy_krum(x, expected_f), rtol=1e-6)
+
+  def test_multi_krum_without_arguments(self):
+    factory = registry.aggregator_from_name('multi_krum')
+    self.assertEqual(factory.inner.num_byzantine_for(8), 2)
+
+  @parameterized.named_parameters(
+      ('krum', 'krum', dict(num_byzantine=1), 4, 5),
+      ('krum_default_fraction', 'krum', {}, 4, 5),  # n = 4: f = 1; n = 5: f = 1.
+      ('multi_krum_selected', 'multi_krum', dict(num_byzantine=0, num_selected=6), 5, 6),
+      # 8 clients are 4 buckets of 2: too few for f = 1; 10 clients are 5 buckets.
+      ('bucketing_krum', 'bucketing+krum', dict(num_byzantine=1), 8, 9),
+  )
+  def test_too_few_clients_fail_early_and_clearly(self, name, kwargs, too_few, enough):
+    factory = registry.aggregator_from_name(name, **kwargs)
+    with self.assertRaisesRegex(ValueError, r'KrumFactory: .*(n > 2f \+ 2|num_selected)'):
+      registry.check_num_clients(factory, too_few)
+    registry.check_num_clients(factory, enough)
+
+  def test_aggregators_without_a_condition_pass(self):
+    for name in ('gm', 'median', 'mean'):
+      registry.check_num_clients(registry.aggregator_from_name(name), 1)
+
+
+if __name__ == '__main__':
+  tf.test.main()

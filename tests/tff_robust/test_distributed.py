@@ -28,7 +28,7 @@ FACTORIES = {
     'gm': _filtered(lambda: geometric_median.GeometricMedianFactory(
         num_communication_passes=3, tolerance=0.0)),
     'gm_tolerance_freezes': _filtered(lambda: geometric_median.GeometricMedianFactory(
-        num_communication_passes=4, tolerance=0.5)),
+        num_communication_passes=4, nu=1e-6, tolerance=0.5)),
     'one_step_gm': _filtered(geometric_median.one_step_geometric_median_factory),
     'gamma_mean': _filtered(lambda: gamma_mean.GammaMeanFactory(gamma=0.05)),
     'gamma_mean_diagonal_from_gm': _filtered(lambda: gamma_mean.GammaMeanFactory(

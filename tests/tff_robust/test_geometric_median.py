@@ -242,7 +242,8 @@ class GeometricMedianDegenerateInputsTest(parameterized.TestCase):
     points = rng.normal(size=(5, DIMENSION))
     expected, objectives = numpy_smoothed_weiszfeld(points, np.ones(5), 6, 1e-6, 0.5)
     actual, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(num_communication_passes=6, tolerance=0.5),
+        tff_robust.GeometricMedianFactory(num_communication_passes=6, nu=1e-6,
+                                          tolerance=0.5),
         points, np.ones(5))
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
     np.testing.assert_allclose(measurements['objective'], objectives, rtol=1e-5)

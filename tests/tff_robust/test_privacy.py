@@ -167,6 +167,30 @@ class DifferentiallyPrivateInnerMeanTest(parameterized.TestCase):
     self.assertBetween(observed / expected, 0.85, 1.15)
 
   @parameterized.named_parameters(
+      ('float32', np.float32, np.float32), ('float64', np.float64, np.float64),
+      ('mixed', np.float32, np.float64))
+  def test_float64_and_mixed_precision_models(self, kernel_dtype, bias_dtype):
+    # tensorflow-privacy clips float32 records only: float64 and mixed models failed
+    # to build. Without noise and clipping the result is the weighted mean, in the
+    # value's own dtypes.
+    value_type = tff.types.to_type(collections.OrderedDict(
+        kernel=tff.TensorType(kernel_dtype, [4, 3]),
+        bias=tff.TensorType(bias_dtype, [3])))
+    rng = np.random.default_rng(2)
+    values = [collections.OrderedDict(
+        kernel=rng.normal(size=(4, 3)).astype(kernel_dtype),
+        bias=rng.normal(size=3).astype(bias_dtype)) for _ in range(5)]
+    weights = rng.uniform(1, 3, size=5).astype(np.float32)
+    process = tff_robust.DifferentiallyPrivateWeightedMeanFactory(
+        noise_multiplier=0.0, clip=1e6).create(value_type, WEIGHT_TYPE)
+    result = process.next(process.initialize(), values, list(weights)).result
+    for name, dtype in (('kernel', kernel_dtype), ('bias', bias_dtype)):
+      expected = np.average([v[name].astype(np.float64) for v in values], axis=0,
+                            weights=weights.astype(np.float64))
+      self.assertEqual(np.asarray(result[name]).dtype, dtype)
+      np.testing.assert_allclose(result[name], expected, rtol=1e-5, atol=1e-6)
+
+  @parameterized.named_parameters(
       ('negative_noise', dict(noise_multiplier=-1.0, clip=1.0), 'noise_multiplier'),
       ('zero_clip', dict(noise_multiplier=1.0, clip=0.0), 'clip'),
   )

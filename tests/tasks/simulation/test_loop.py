@@ -95,6 +95,12 @@ class FederatedSimulationTest(parameterized.TestCase):
     self.assertBetween(evaluation['test_accuracy'], 0.0, 1.0)
     self.assertTrue(np.isfinite(evaluation['test_loss']))
 
+  def test_too_few_clients_for_krum_fail_before_the_round(self):
+    sim = loop.Simulation(self.task, registry.aggregator_from_name(
+        'krum', num_byzantine=1), seed=3, clients_per_round=4)
+    with self.assertRaisesRegex(ValueError, r'n > 2f \+ 2.*n = 4 with f = 1'):
+      sim.run_round(sim.initial_state(), 0)
+
   def test_rejects_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, 'rho'):
       self._simulation(attack='omniscient', rho=0.5)
