@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import tensorflow_federated as tff
 
+from baselines import arc
 from baselines import bucketing
 from baselines import centered_clipping
 from baselines import coordinatewise
@@ -77,6 +78,7 @@ AGGREGATORS: dict[str, Builder] = {
 WRAPPERS: dict[str, Callable[..., tff.aggregators.WeightedAggregationFactory]] = {
     'bucketing': bucketing.BucketingFactory,
     'nnm': nnm.NearestNeighborMixingFactory,
+    'arc': arc.AdaptiveRobustClippingFactory,
 }
 SEPARATOR = '+'
 
