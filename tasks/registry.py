@@ -33,6 +33,7 @@ from baselines import coordinatewise
 from baselines import krum
 from baselines import nnm
 from baselines import wrappers
+from tff_robust import centered_clipping as secure_centered_clipping
 from tff_robust import gamma_mean
 from tff_robust import geometric_median
 from tff_robust import gradient_masking
@@ -71,6 +72,7 @@ AGGREGATORS: dict[str, Builder] = {
     'multi_krum': _multi_krum,
     'norm_clipping': wrappers.norm_clipping_factory,
     'centered_clipping': centered_clipping.CenteredClippingFactory,
+    'secure_centered_clipping': secure_centered_clipping.SecureCenteredClippingFactory,
 }
 
 

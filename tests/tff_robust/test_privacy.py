@@ -87,6 +87,12 @@ SECURE_COMPATIBLE = (
     ('gma', lambda inner, report: tff_robust.GradientMaskedAveragingFactory(
         inner_mean_factory=inner,
         sign_sum_factory=tff.aggregators.SecureSumFactory(1.0, -1.0))),
+    # Reveals no maximum either; 'mean' runs the inner mean on the raw updates too.
+    ('centered_clipping', lambda inner, report: tff_robust.SecureCenteredClippingFactory(
+        inner_mean_factory=inner)),
+    ('centered_clipping_from_mean', lambda inner, report: (
+        tff_robust.SecureCenteredClippingFactory(initial_point='mean',
+                                                 inner_mean_factory=inner))),
 )
 
 
