@@ -99,7 +99,7 @@ class SecureCenteredClippingFactory(tff.aggregators.WeightedAggregationFactory):
   """
 
   # Client values reach the server only through the inner mean and scalar sums (see
-  # tests/tff_robust/test_centered_clipping.py's walk of the compiled computation).
+  # the walk of the compiled computation in tests/tff_robust/test_privacy.py).
   secure_compatible = True
 
   def __init__(
