@@ -205,6 +205,22 @@ class WhatTheServerLearnsTest(tf.test.TestCase):
         self.assertIn(uri, privacy.SECURE_SUMS, f'{uri} moves {member}')
 
 
+class SecureInnerMeanTest(cases.SecureSumContextMixin, tf.test.TestCase):
+
+  def test_runs_around_a_secure_geometric_median(self):
+    # In TFF's test context (secure sums run as plain sums): the result is the plain
+    # one up to SecureSumFactory's 32-bit quantisation over [-1e4, 1e4].
+    x, w = huge_norm_attackers(1e6), cases.random_weights()
+
+    def run(inner):
+      process = arc.AdaptiveRobustClippingFactory(
+          tff_robust.GeometricMedianFactory(inner_mean_factory=inner),
+          num_byzantine=3).create(cases.VALUE_TYPE, cases.WEIGHT_TYPE)
+      return cases.run(process, x, w)[0]
+
+    np.testing.assert_allclose(run(privacy.secure_mean()), run(None), atol=1e-3)
+
+
 class FedAvgBuilderTest(tf.test.TestCase):
 
   def test_one_round_of_arc_krum_in_build_weighted_fed_avg(self):
