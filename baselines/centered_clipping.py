@@ -3,8 +3,9 @@ Robust Optimization", ICML 2021, Algorithm 2 / eq. (CC)).
 
 Gathers every client's update at the server (`baselines.gather`): NOT compatible with
 secure aggregation. (The iteration only needs weighted means of client-clipped
-differences, so a secure variant in the style of `tff_robust`'s iterative aggregates
-is possible; this baseline follows the paper's server-side description.)
+differences: `tff_robust.centered_clipping.SecureCenteredClippingFactory` computes the
+same result through an inner, e.g. secure, mean; this baseline follows the paper's
+server-side description.)
 """
 
 import collections

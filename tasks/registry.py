@@ -28,12 +28,14 @@ from typing import Any, Callable, Mapping, Optional
 
 import tensorflow_federated as tff
 
+from baselines import arc
 from baselines import bucketing
 from baselines import centered_clipping
 from baselines import coordinatewise
 from baselines import krum
 from baselines import nnm
 from baselines import wrappers
+from tff_robust import centered_clipping as secure_centered_clipping
 from tff_robust import gamma_mean
 from tff_robust import geometric_median
 from tff_robust import gradient_masking
@@ -92,6 +94,7 @@ AGGREGATORS: dict[str, Builder] = {
     'multi_krum': _multi_krum,
     'norm_clipping': wrappers.norm_clipping_factory,
     'centered_clipping': centered_clipping.CenteredClippingFactory,
+    'secure_centered_clipping': secure_centered_clipping.SecureCenteredClippingFactory,
 }
 
 
@@ -99,6 +102,7 @@ AGGREGATORS: dict[str, Builder] = {
 WRAPPERS: dict[str, Callable[..., tff.aggregators.WeightedAggregationFactory]] = {
     'bucketing': bucketing.BucketingFactory,
     'nnm': nnm.NearestNeighborMixingFactory,
+    'arc': arc.AdaptiveRobustClippingFactory,
 }
 SEPARATOR = '+'
 

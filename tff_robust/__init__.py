@@ -4,6 +4,7 @@ Aggregation factories (plug into `model_aggregator=` of any TFF learning builder
   GeometricMedianFactory, one_step_geometric_median_factory  (RFA)
   GammaMeanFactory                                           (γ-mean)
   GradientMaskedAveragingFactory                             (GMA)
+  SecureCenteredClippingFactory                (centered clipping)
   DifferentiallyPrivateWeightedMeanFactory                   (DP inner mean)
   NonfiniteFilteringFactory               (drops NaN/Inf clients in front of any of them)
 Every factory is weighted and unweighted (`create(value_type)`: weight 1 per client),
@@ -24,6 +25,7 @@ from tff_robust import distributed
 from tff_robust import original_rfa
 from tff_robust import passwise
 from tff_robust import runtime
+from tff_robust.centered_clipping import SecureCenteredClippingFactory
 from tff_robust.gamma_mean import GammaMeanFactory
 from tff_robust.geometric_median import GeometricMedianFactory
 from tff_robust.geometric_median import one_step_geometric_median_factory

@@ -145,6 +145,7 @@ REFERENCES = dict(
                 lambda x, a: np_krum(x, a, f=1, m=NUM_CLIENTS - 1)),
     norm_clipping=({}, np_norm_clipping),
     centered_clipping=({}, np_centered_clipping),
+    secure_centered_clipping=({}, np_centered_clipping),
 )
 
 

@@ -36,7 +36,8 @@ class RegistryTest(parameterized.TestCase):
               if registry.is_secure_compatible(registry.aggregator_from_name(
                   name, **(dict(num_byzantine=1) if 'krum' in name else {})))}
     self.assertEqual(secure, {'mean', 'gm', 'one_step_gm', 'gamma_mean',
-                              'gamma_mean_diagonal', 'gma', 'norm_clipping'})
+                              'gamma_mean_diagonal', 'gma', 'norm_clipping',
+                              'secure_centered_clipping'})
 
   def test_kwargs_reach_the_factory(self):
     with self.assertRaisesRegex(ValueError, 'trim_fraction'):

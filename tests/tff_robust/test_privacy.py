@@ -15,6 +15,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
 
+from baselines import coordinatewise
 from tests.helpers import aggregator_cases
 import tff_robust
 
@@ -34,6 +35,18 @@ def secure_mean(bound=1e4):
       no_nan_division=True)
 
 
+def _at_clients(parameter):
+  """The CLIENTS-placed operand of an intrinsic's parameter, or None. The operand is
+  the parameter itself (`federated_sum`, `federated_max`) or the first element of a
+  struct parameter (`federated_aggregate`'s value, the secure sums' value beside their
+  bound)."""
+  if isinstance(parameter, tff.StructType) and len(parameter) > 0:
+    parameter = parameter[0]
+  if isinstance(parameter, tff.FederatedType) and parameter.placement == tff.CLIENTS:
+    return parameter
+  return None
+
+
 def client_to_server_intrinsics(computation):
   """(uri, type of the CLIENTS argument's member) of every CLIENTS → SERVER intrinsic."""
   found = []
@@ -45,9 +58,9 @@ def client_to_server_intrinsics(computation):
     result = signature.result
     if not isinstance(result, tff.FederatedType) or result.placement != tff.SERVER:
       return
-    parameter = signature.parameter
-    if isinstance(parameter, tff.FederatedType) and parameter.placement == tff.CLIENTS:
-      found.append((block.uri, parameter.member))
+    operand = _at_clients(signature.parameter)
+    if operand is not None:
+      found.append((block.uri, operand.member))
 
   tree_analysis.visit_postorder(computation.to_building_block(), visit)
   return found
@@ -74,10 +87,29 @@ SECURE_COMPATIBLE = (
     ('gma', lambda inner, report: tff_robust.GradientMaskedAveragingFactory(
         inner_mean_factory=inner,
         sign_sum_factory=tff.aggregators.SecureSumFactory(1.0, -1.0))),
+    # Reveals no maximum either; 'mean' runs the inner mean on the raw updates too.
+    ('centered_clipping', lambda inner, report: tff_robust.SecureCenteredClippingFactory(
+        inner_mean_factory=inner)),
+    ('centered_clipping_from_mean', lambda inner, report: (
+        tff_robust.SecureCenteredClippingFactory(initial_point='mean',
+                                                 inner_mean_factory=inner))),
 )
 
 
 class CompiledComputationPrivacyTest(parameterized.TestCase):
+
+  def test_the_walk_sees_a_gathering_aggregate_and_secure_sums(self):
+    # The walk must be able to fail: a gathering baseline's federated_aggregate of
+    # whole updates, and a secure inner mean's secure sums, are both found.
+    gathering = coordinatewise.CoordinateWiseMedianFactory().create(
+        VALUE_TYPE, WEIGHT_TYPE)
+    self.assertIn('federated_aggregate',
+                  {uri for uri, _ in client_to_server_intrinsics(gathering.next)})
+    secure = secure_mean().create(VALUE_TYPE, WEIGHT_TYPE)
+    uris = [uri for uri, member in client_to_server_intrinsics(secure.next)
+            if not only_scalars(member)]
+    self.assertNotEmpty(uris)
+    self.assertContainsSubset(uris, SECURE_SUMS)
 
   @parameterized.named_parameters(*SECURE_COMPATIBLE)
   def test_only_sums_and_a_scalar_max_reach_the_server(self, build):

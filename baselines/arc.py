@@ -1,0 +1,255 @@
+"""Adaptive robust clipping, ARC (Allouah, Guerraoui, Gupta, Jellouli, Rizk, Stephan,
+"Boosting Robustness by Clipping Gradients in Distributed Learning", 2024;
+arXiv:2405.14432, "The Vital Role of Gradient Clipping in Byzantine-Resilient
+Distributed Learning"), in front of any aggregator.
+
+With n client updates of which at most f are assumed Byzantine, every update is
+clipped to the norm of the (k+1)-th largest update norm, k = ⌊2·(f/n)·(n − f)⌋: the k
+largest updates get exactly that norm, the others are unchanged. This is ByzFL's `ARC`
+pre-aggregator (`byzfl/aggregators/preaggregators.py`, LPD-EPFL/byzfl: norms sorted,
+`nb_clipped = int((2 * f / n) * (n - f))`, threshold the norm at position
+n − nb_clipped − 1 in increasing order). k is computed here in exact integer
+arithmetic, ⌊2f(n − f) / n⌋; ByzFL's float expression is one lower where rounding
+falls just below an integer (e.g. n = 242, f = 33: 56 instead of 57).
+
+How it runs: in two phases around the inner aggregator, so it wraps ANY aggregator
+(the gathering baselines, the geometric median, the mean, ...):
+1.  every client sends the L2 norm of its update (one float64 scalar; the server
+    collects the norms of the clients of weight > 0 and takes the order statistic);
+2.  the server broadcasts the threshold, every client clips its own update, and the
+    inner aggregator receives the clipped updates with the clients' weights.
+
+NOT compatible with secure aggregation by itself: the order statistic needs every
+norm, so **the server learns one L2 norm per client** in the clear (a
+`tff.federated_aggregate` of scalars, not a sum). Nothing else of a client's update
+leaves it except through the inner aggregator: around a secure-compatible aggregator
+with a secure inner mean, the model-sized values move only through secure sums
+(`tests/baselines/test_arc.py` walks the compiled computation to check exactly this).
+"""
+
+import collections
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from baselines import gather
+from tff_robust import iterative_mean
+from tff_robust import numerics
+
+THRESHOLD = 'clipping_threshold'
+NUM_CLIPPED = 'num_clipped'
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+_NORMS_TYPE = tff.StructType([
+    ('norms', tff.TensorType(np.float64, [None])),
+    ('kept', tff.TensorType(np.bool_, [None])),
+])
+
+
+def num_clipped_updates(num_clients, num_byzantine):
+  """k = ⌊2·f·(n − f) / n⌋ (int64 tensors; 0 for n = 0): how many of the largest
+  updates ARC clips. For f < n, k ≤ n/2, so the (k+1)-th largest norm exists."""
+  n = tf.cast(num_clients, tf.int64)
+  f = tf.cast(num_byzantine, tf.int64)
+  return tf.math.floordiv(2 * f * (n - f), tf.maximum(n, 1))
+
+
+def clipping_threshold(norms, num_byzantine):
+  """The (k+1)-th largest of `norms` (float64 `[n]`); +inf, i.e. nothing clipped,
+  when there is no norm."""
+  n = tf.shape(norms, out_type=tf.int64)[0]
+  k = num_clipped_updates(n, num_byzantine)
+  descending = tf.sort(norms, direction='DESCENDING')
+  return tf.cond(n > 0, lambda: tf.gather(descending, k),
+                 lambda: tf.constant(np.inf, tf.float64))
+
+
+def clip_to_norm(value, norm, threshold):
+  """`value` scaled by threshold / norm if its norm is above the threshold.
+
+  A scale below float32's smallest normal number (a client at 3e38 clipped to norm 1)
+  would be flushed to zero by TensorFlow's CPU kernels and zero the update instead of
+  clipping it: such a scale multiplies in float64.
+  """
+  value = numerics.as_nest(value)
+  scale = tf.math.divide_no_nan(threshold, norm)
+
+  def in_float64():
+    return tf.nest.map_structure(
+        lambda t: tf.cast(tf.cast(t, tf.float64) * scale, t.dtype), value)
+
+  def in_own_dtype():
+    return tf.nest.map_structure(lambda t: t * tf.cast(scale, t.dtype), value)
+
+  def unchanged():
+    return tf.nest.map_structure(tf.identity, value)
+
+  return tf.case([(norm <= threshold, unchanged), (scale < _FLOAT32_TINY, in_float64)],
+                 default=in_own_dtype)
+
+
+def collect_norms(norm, weight):
+  """Federated step: `<norms, kept>` at SERVER, every client's norm (float64) and
+  whether its weight is > 0, in an arbitrary but fixed client order."""
+
+  @tff.tensorflow.computation
+  def zero():
+    return collections.OrderedDict(norms=tf.zeros([0], tf.float64),
+                                   kept=tf.zeros([0], tf.bool))
+
+  @tff.tensorflow.computation(_NORMS_TYPE, (tf.float64, tf.float32))
+  def accumulate(accumulator, norm_and_weight):
+    norm, weight = norm_and_weight
+    return collections.OrderedDict(
+        norms=tf.concat([accumulator.norms, norm[tf.newaxis]], axis=0),
+        kept=tf.concat([accumulator.kept, (weight > 0)[tf.newaxis]], axis=0))
+
+  @tff.tensorflow.computation(_NORMS_TYPE, _NORMS_TYPE)
+  def merge(a, b):
+    return collections.OrderedDict(norms=tf.concat([a.norms, b.norms], axis=0),
+                                   kept=tf.concat([a.kept, b.kept], axis=0))
+
+  @tff.tensorflow.computation(_NORMS_TYPE)
+  def report(accumulator):
+    return collections.OrderedDict(norms=accumulator.norms, kept=accumulator.kept)
+
+  return tff.federated_aggregate(tff.federated_zip((norm, weight)), zero(), accumulate,
+                                 merge, report)
+
+
+class AdaptiveRobustClippingFactory(tff.aggregators.WeightedAggregationFactory):
+  """ARC: every client update clipped to the (k+1)-th largest update norm,
+  k = ⌊2f(n − f)/n⌋, then any aggregator.
+
+  n counts the clients of weight > 0 (a client of weight 0, e.g. dropped by
+  `tff_robust.NonfiniteFilteringFactory`, takes no part in the order statistic); the
+  order statistic is unweighted, as in the paper, and the inner aggregator sees every
+  clipped update with its client's own weight. f is `num_byzantine`, or ⌊ρ·n⌋ with
+  `byzantine_fraction` ρ. A round with f ≥ n > 0 clients fails with an
+  `InvalidArgumentError` naming `num_byzantine`. Ties at the threshold change nothing:
+  an update whose norm equals the threshold is already within it. f = 0 clips nothing.
+
+  The created process's `next` has type signature
+  `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, result=value@SERVER,
+  measurements@SERVER>)`, with the inner process's state and result. Measurements:
+  the inner aggregator's named measurements (kept flat; a non-named structure is under
+  `inner`), plus
+  *   `clipping_threshold`: the norm every update was clipped to (float64; +inf in a
+      round without clients);
+  *   `num_clipped`: clients whose update was scaled down.
+
+  `secure_compatible` is False: the server learns one L2 norm per client (see the
+  module docstring); the updates themselves reach it only through `inner`.
+  """
+
+  # The server receives every client's update norm in the clear (one scalar each).
+  secure_compatible = False
+
+  def __init__(self, inner: tff.aggregators.WeightedAggregationFactory,
+               num_byzantine: Optional[int] = None,
+               byzantine_fraction: Optional[float] = None):
+    """Initializes the factory.
+
+    Args:
+      inner: Any weighted aggregation factory; it receives the clipped updates.
+      num_byzantine: f >= 0, the assumed number of corrupted clients per round.
+      byzantine_fraction: alternatively ρ in [0, 0.5): f = ⌊ρ·n⌋. Exactly one of the
+        two must be given.
+
+    Raises:
+      TypeError: if `inner` is not a weighted aggregation factory.
+      ValueError: if neither or both of `num_byzantine` and `byzantine_fraction` are
+        given, or one is out of range.
+    """
+    if not isinstance(inner, tff.aggregators.WeightedAggregationFactory):
+      raise TypeError('arc wraps a tff.aggregators.WeightedAggregationFactory, got '
+                      f'{type(inner).__name__}.')
+    if (num_byzantine is None) == (byzantine_fraction is None):
+      raise ValueError(
+          'Give arc exactly one of num_byzantine (f) and byzantine_fraction (f = '
+          f'floor(fraction * n)); got num_byzantine={num_byzantine!r}, '
+          f'byzantine_fraction={byzantine_fraction!r}.')
+    self._inner = inner
+    self._num_byzantine = gather.optional_int('num_byzantine', num_byzantine)
+    self._fraction = (None if byzantine_fraction is None else gather.check_fraction(
+        'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
+
+  def _server_threshold(self, norms, kept):
+    """(threshold, number of clients above it) from the collected norms."""
+    norms = tf.boolean_mask(norms, kept)
+    n = tf.shape(norms)[0]
+    if self._num_byzantine is not None:
+      f = tf.constant(self._num_byzantine, tf.int32)
+      check = tf.debugging.Assert(
+          tf.logical_or(tf.equal(n, 0), n > f),
+          ['AdaptiveRobustClippingFactory: needs more clients of weight > 0 than '
+           'num_byzantine (n > f); lower num_byzantine or sample more clients. '
+           '[n, f] =', n, f])
+    else:
+      f = tf.cast(tf.floor(self._fraction * tf.cast(n, tf.float64)), tf.int32)
+      check = tf.no_op()
+    with tf.control_dependencies([check]):
+      threshold = clipping_threshold(norms, f)
+    return threshold, tf.reduce_sum(tf.cast(norms > threshold, tf.int32))
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    iterative_mean.check_float_structure(value_type)
+    inner = self._inner.create(value_type, weight_type)
+
+    @tff.tensorflow.computation(value_type)
+    def client_norm(value):
+      return numerics.global_l2_norm(value)
+
+    @tff.tensorflow.computation(weight_type)
+    def as_float32(weight):
+      return tf.cast(weight, tf.float32)
+
+    @tff.tensorflow.computation(_NORMS_TYPE)
+    def threshold_at_server(collected):
+      return self._server_threshold(collected.norms, collected.kept)
+
+    @tff.tensorflow.computation(value_type, tf.float64, tf.float64)
+    def clip(value, norm, threshold):
+      return clip_to_norm(value, norm, threshold)
+
+    @tff.federated_computation()
+    def init_fn():
+      return inner.initialize()
+
+    @tff.federated_computation(
+        init_fn.type_signature.result,
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      norm = tff.federated_map(client_norm, value)
+      collected = collect_norms(norm, tff.federated_map(as_float32, weight))
+      threshold_and_count = tff.federated_map(threshold_at_server, collected)
+      threshold = threshold_and_count[0]
+      clipped = tff.federated_map(
+          clip, (value, norm, tff.federated_broadcast(threshold)))
+      output = inner.next(state, clipped, weight)
+      measurements = named_fields(output.measurements)
+      for name in (THRESHOLD, NUM_CLIPPED):
+        if name in measurements:
+          raise ValueError(f'The inner aggregator already reports {name!r}.')
+      measurements[THRESHOLD] = threshold
+      measurements[NUM_CLIPPED] = threshold_and_count[1]
+      return tff.templates.MeasuredProcessOutput(
+          state=output.state, result=output.result,
+          measurements=tff.federated_zip(measurements))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def named_fields(measurements) -> collections.OrderedDict:
+  """The fields of SERVER-placed measurements with named fields (empty for `()`),
+  otherwise the whole value as `inner`."""
+  member = measurements.type_signature.member
+  if isinstance(member, tff.StructType):
+    names = [name for name, _ in tff.structure.iter_elements(member)]
+    if not names:
+      return collections.OrderedDict()
+    if all(names):
+      return collections.OrderedDict((name, measurements[name]) for name in names)
+  return collections.OrderedDict(inner=measurements)

@@ -1,0 +1,215 @@
+"""Centered clipping (Karimireddy, He, Jaggi, "Learning from History for Byzantine
+Robust Optimization", ICML 2021, eq. (CC)) as an iterative secure aggregate.
+
+Each of the L iterations is one broadcast and one weighted mean:
+    v_{l+1} = v_l + Σ_i α_i c_i / Σ_i α_i,   c_i = (x_i − v_l)·min(1, τ/‖x_i − v_l‖),
+where every client computes its own clipped difference c_i from the broadcast centre
+v_l and the server receives only the output of the inner mean factory (and sums of
+client scalars). With a secure inner mean the whole aggregate is secure.
+`baselines.centered_clipping` is the same formula computed at the server from the
+gathered updates.
+"""
+
+import collections
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_robust import iterative_mean
+from tff_robust import numerics
+
+INITIAL_POINTS = ('previous', 'mean', 'zero')
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
+
+def clipped_difference(value, center, radius):
+  """(x − v)·min(1, τ/‖x − v‖) over a whole structure (the values' structure).
+
+  In the values' dtype when that is exact enough; in float64 when x − v overflows
+  float32 (a client at 3e38 and a centre of the other sign) or the scale τ/‖x − v‖
+  falls below float32's smallest normal number, which TensorFlow's CPU kernels flush
+  to zero: either would zero the client's step instead of clipping it to norm τ.
+  """
+  value, center = numerics.as_nest(value), numerics.as_nest(center)
+  distance = numerics.global_l2_distance(value, center)
+  scale = tf.where(distance > radius, radius / distance, tf.constant(1.0, tf.float64))
+
+  def in_own_dtype():
+    return tf.nest.map_structure(lambda x, v: (x - v) * tf.cast(scale, x.dtype),
+                                 value, center)
+
+  def in_float64():
+    differences = tf.nest.map_structure(
+        lambda x, v: tf.cast(x, tf.float64) - tf.cast(v, tf.float64), value, center)
+    norm = numerics.global_l2_norm(differences)
+    exact_scale = tf.minimum(tf.constant(1.0, tf.float64),
+                             tf.math.divide_no_nan(tf.constant(radius, tf.float64), norm))
+    return tf.nest.map_structure(lambda d, x: tf.cast(d * exact_scale, x.dtype),
+                                 differences, value)
+
+  exact_enough = tf.logical_and(tf.math.is_finite(distance), scale >= _FLOAT32_TINY)
+  return tf.cond(exact_enough, in_own_dtype, in_float64)
+
+
+def is_clipped(value, center, radius, weight):
+  """(1 if client's ‖x − v‖ > τ, 1 if it counts at all) as int32, for sums: a client
+  of weight 0 is neither clipped nor counted."""
+  counts = tf.cast(weight > 0, tf.int32)
+  far = numerics.global_l2_distance(value, center) > radius
+  return tf.cast(far, tf.int32) * counts, counts
+
+
+class SecureCenteredClippingFactory(tff.aggregators.WeightedAggregationFactory):
+  """Centered clipping through an inner weighted mean: L iterations of
+  v ← v + Σ_i α_i clip_τ(x_i − v) / Σ_i α_i, clip_τ(z) = z·min(1, τ/‖z‖) over the
+  whole model update, computed on the clients.
+
+  The paper averages with 1/n; with client weights α_i the average is weighted (1/n
+  for equal weights), as `baselines.centered_clipping.CenteredClippingFactory`, whose
+  result this equals (tested to 1e-5) without gathering a single update.
+
+  Starting point v₀ (`initial_point`):
+  *   'previous' (default, the paper's choice): the aggregate returned in the previous
+      round, kept in the process state (zero in the first round). The paper's clients
+      send worker momenta (`--worker_momentum` in the simulation), so consecutive
+      aggregates are close and one iteration suffices.
+  *   'mean': the weighted mean of this round's updates, one more call of the inner
+      mean (not robust by itself; the clipped steps pull it towards the bulk).
+  *   'zero': v₀ = 0, the current model.
+
+  Inputs must be finite: wrap the factory in `tff_robust.NonfiniteFilteringFactory`
+  (`tasks.registry` does) to give a NaN or infinite client weight 0.
+
+  The created process's `next` has type signature
+  `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, result=value@SERVER,
+  measurements@SERVER>)`; the state is `<previous=value, inner=<inner state>>` for
+  'previous' and `<inner=<inner state>>` otherwise. Measurements:
+  *   `num_secure_average_calls`: calls of the inner mean (L, or L + 1 from 'mean');
+  *   `fraction_clipped`: fraction of the clients of weight > 0 whose difference was
+      clipped in the last iteration;
+  *   `inner`: the inner mean's measurements of the last call.
+
+  Privacy: client values reach the server only through `inner_mean_factory` (pass a
+  `tff.aggregators.MeanFactory` with `tff.aggregators.SecureSumFactory` value and
+  weight sums for secure aggregation; its bound applies to α_i·c_i, whose norm is at
+  most α_i·τ, and, from 'mean', to α_i·x_i); the clipped count and the number of
+  clients are plain federated sums of per-client 0/1 flags.
+  """
+
+  # Client values reach the server only through the inner mean and scalar sums (see
+  # the walk of the compiled computation in tests/tff_robust/test_privacy.py).
+  secure_compatible = True
+
+  def __init__(
+      self,
+      clip_radius: float = 1.0,
+      num_iterations: int = 3,
+      initial_point: str = 'previous',
+      inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+  ):
+    """Initializes the factory.
+
+    Args:
+      clip_radius: τ > 0, the clipping radius.
+      num_iterations: L >= 1, the broadcast-and-mean iterations (the paper uses 1
+        with worker momentum).
+      initial_point: 'previous', 'mean' or 'zero' (see the class docstring).
+      inner_mean_factory: the weighted mean every iteration goes through. Defaults
+        to `tff_robust.iterative_mean.Float64MeanFactory()` (products and sums in
+        float64: the 'mean' start averages unbounded updates).
+
+    Raises:
+      ValueError: for τ <= 0, L < 1 or an unknown initial point.
+      TypeError: if `inner_mean_factory` is not a weighted aggregation factory.
+    """
+    self._radius = iterative_mean.check_positive_float('clip_radius', clip_radius)
+    self._num_iterations = iterative_mean.check_positive_int(
+        'num_iterations', num_iterations)
+    if initial_point not in INITIAL_POINTS:
+      raise ValueError(
+          f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
+    self._initial_point = initial_point
+    self._inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
+
+  @property
+  def num_secure_average_calls(self) -> int:
+    """The inner-mean calls of every `next`."""
+    return self._num_iterations + (self._initial_point == 'mean')
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    iterative_mean.check_float_structure(value_type)
+    inner = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
+    radius = self._radius
+    template = iterative_mean.type_template(value_type)
+
+    @tff.tensorflow.computation
+    def zeros():
+      return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), template)
+
+    @tff.tensorflow.computation(value_type, value_type)
+    def clip_step(center, value):
+      return clipped_difference(value, center, radius)
+
+    @tff.tensorflow.computation(value_type, value_type, tf.float32)
+    def clip_flags(center, value, weight):
+      return is_clipped(value, center, radius, weight)
+
+    @tff.tensorflow.computation(value_type, value_type)
+    def advance(center, step):
+      return tf.nest.map_structure(tf.add, numerics.as_nest(center),
+                                   numerics.as_nest(step))
+
+    @tff.tensorflow.computation(tf.int32, tf.int32)
+    def fraction(num_clipped, num_clients):
+      return tf.math.divide_no_nan(tf.cast(num_clipped, tf.float32),
+                                   tf.cast(num_clients, tf.float32))
+
+    @tff.federated_computation()
+    def init_fn():
+      state = collections.OrderedDict()
+      if self._initial_point == 'previous':
+        state['previous'] = tff.federated_eval(zeros, tff.SERVER)
+      state['inner'] = inner.initialize()
+      return tff.federated_zip(state)
+
+    @tff.federated_computation(
+        init_fn.type_signature.result,
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      alpha = iterative_mean.float32_weights(weight_type, weight)
+      inner_state = state['inner']
+      if self._initial_point == 'previous':
+        center = state['previous']
+      elif self._initial_point == 'zero':
+        center = tff.federated_eval(zeros, tff.SERVER)
+      else:
+        output = inner.next(inner_state, value, alpha)
+        inner_state, center = output.state, output.result
+      for _ in range(self._num_iterations):
+        broadcast = tff.federated_broadcast(center)
+        # Two maps, not one returning (step, flags): selecting the step out of a
+        # struct at CLIENTS would copy every client's update once more.
+        step = tff.federated_map(clip_step, (broadcast, value))
+        output = inner.next(inner_state, step, alpha)
+        inner_state = output.state
+        center = tff.federated_map(advance, (center, output.result))
+      # The last iteration's clipped clients, and the clients counted, in one sum.
+      counts = tff.federated_sum(tff.federated_map(clip_flags,
+                                                   (broadcast, value, alpha)))
+      new_state = collections.OrderedDict()
+      if self._initial_point == 'previous':
+        new_state['previous'] = center
+      new_state['inner'] = inner_state
+      measurements = collections.OrderedDict(
+          num_secure_average_calls=tff.federated_value(
+              np.int32(self.num_secure_average_calls), tff.SERVER),
+          fraction_clipped=tff.federated_map(fraction, (counts[0], counts[1])),
+          inner=output.measurements)
+      return tff.templates.MeasuredProcessOutput(
+          state=tff.federated_zip(new_state), result=center,
+          measurements=tff.federated_zip(measurements))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
