@@ -251,6 +251,31 @@ class GatheringAggregationFactory(tff.aggregators.WeightedAggregationFactory,
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
 
+# Columns per block of `by_column_blocks`: sorting an [n, p] matrix along the clients
+# takes a transposed copy, sorted values and int32 indices (~3 copies of the matrix);
+# by blocks, only ~3·n·COLUMN_BLOCK values at a time.
+COLUMN_BLOCK = 1 << 18
+
+
+def by_column_blocks(column_fn, values, block: int = COLUMN_BLOCK) -> tf.Tensor:
+  """`column_fn` (an `[n, b]` block of columns → a `[b]` vector) over the columns of
+  `values` block after block, concatenated: the memory of a block, not of the matrix.
+
+  Blocks run one after another (each waits for the previous result): run in parallel,
+  their temporary copies would add up to the whole matrix's.
+  """
+  size = values.shape[1]
+  if size is None:
+    raise ValueError('by_column_blocks needs a static number of columns.')
+  results = []
+  for start in range(0, size, block):
+    with tf.control_dependencies(results[-1:]):
+      results.append(column_fn(values[:, start:start + block]))
+  if not results:
+    return column_fn(values)
+  return results[0] if len(results) == 1 else tf.concat(results, axis=0)
+
+
 def check_fraction(name: str, value, upper: float, upper_inclusive: bool) -> float:
   """Validates a fraction in [0, upper) (or [0, upper])."""
   if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
