@@ -2,9 +2,9 @@
 non-private baselines (coordinate-wise median, trimmed mean, Krum, centered clipping).
 
 NOT compatible with secure aggregation: the server receives each client's update in
-the clear (one `tff.federated_aggregate` whose accumulator concatenates the clients'
-flattened updates). Use it for baselines only, never in a deployment that promises
-privacy.
+the clear (one `tff.federated_aggregate` whose accumulator holds the clients'
+flattened updates, each stored once: O(n·p) memory, see `gathering_steps`). Use it for
+baselines only, never in a deployment that promises privacy.
 
 A model update of any structure is handled as one vector: the concatenation of its
 flattened tensors (`flatten` / `unflatten`). The server then sees a matrix of shape
@@ -119,18 +119,30 @@ def gather_at_server(value_type, weight_type, value, weight,
   fixed client order) and `weights` (`[n]` float32) of the clients of weight > 0:
   a client of weight 0 has nothing to say (no examples, or dropped by
   `tff_robust.NonfiniteFilteringFactory` for a non-finite update) and is left out.
+  Memory and time are O(n·p) for up to `capacity` clients (`gathering_steps`).
+  """
+  to_row, zero, accumulate, merge, report = gathering_steps(
+      value_type, weight_type, capacity)
+  rows = tff.federated_map(to_row, (value, weight))
+  return tff.federated_aggregate(rows, zero(), accumulate, merge, report)
 
-  Memory and time are O(n·p) for up to `capacity` (default `LINEAR_CAPACITY`) clients.
+
+def gathering_steps(value_type, weight_type, capacity: Optional[int] = None):
+  """The TensorFlow computations of `gather_at_server`: `(to_row, zero, accumulate,
+  merge, report)`.
+
   TFF's runtime keeps every intermediate accumulator of a `federated_aggregate` alive
   until the aggregate is reported, so an accumulator that is a growing matrix costs
   O(n²·p) (OOM at 23 GB for the EMNIST ConvNet and 50 clients). Here the accumulator
-  is a queue of `capacity` row slots (empty slots have shape [0]): accumulating shifts
-  every slot by one and puts the new row last. Shifting only passes tensors through, so
-  TensorFlow shares their buffers rather than copying them, and every row is stored
-  once. The report stacks the rows once. Rows pushed out of the queue (beyond
-  `capacity` clients) move to a matrix that grows by concatenation, O(p) per row held.
+  is a queue of `capacity` (default `LINEAR_CAPACITY`) row slots, empty slots of shape
+  [0]: accumulating shifts every slot by one and puts the new row last. Shifting only
+  passes tensors through, so TensorFlow shares their buffers rather than copying them,
+  and every row is stored once; the report stacks the rows once. A row pushed out of
+  the queue (beyond `capacity` clients) moves to a matrix that grows by concatenation,
+  O(p) per row held. `merge` (not called by TFF's local runtime) stacks both sides.
   """
-  capacity = LINEAR_CAPACITY if capacity is None else capacity
+  capacity = iterative_mean.check_positive_int(
+      'capacity', LINEAR_CAPACITY if capacity is None else capacity)
   dtype = vector_dtype(value_type)
   size = num_parameters(value_type)
   accumulator_type = _accumulator_type(dtype, size, capacity)
@@ -183,8 +195,7 @@ def gather_at_server(value_type, weight_type, value, weight,
     return collections.OrderedDict(
         values=values, weights=tf.boolean_mask(accumulator.weights, kept))
 
-  rows = tff.federated_map(to_row, (value, weight))
-  return tff.federated_aggregate(rows, zero(), accumulate, merge, report)
+  return to_row, zero, accumulate, merge, report
 
 
 class GatheringAggregationFactory(tff.aggregators.WeightedAggregationFactory,
