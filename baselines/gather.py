@@ -71,7 +71,7 @@ def pack(value_type, tensors):
   return tff.types.type_to_py_container(tff.structure.Struct(elements), value_type)
 
 
-# Rows the gathering accumulator holds without copying them (see `gather_at_server`);
+# Rows the gathering accumulator holds without copying them (see `gathering_steps`);
 # later clients still arrive, through a matrix that grows by one copy per client.
 LINEAR_CAPACITY = 128
 
