@@ -43,14 +43,18 @@ class CoordinateWiseMedianFactory(gather.GatheringAggregationFactory):
   def _server_aggregate(self, values, weights, state):
     del weights
     n = tf.shape(values)[0]
-    ordered = _sorted_rows(values)
-    median = tf.cond(
-        n > 0,
-        # In float64: the two middle values may both be near the float32 maximum.
-        lambda: tf.cast(0.5 * (_row64(ordered, (n - 1) // 2) + _row64(ordered, n // 2)),
-                        values.dtype),
-        lambda: tf.zeros(tf.shape(values)[1:], values.dtype))
-    return median, state, collections.OrderedDict()
+
+    def median_of(columns):
+      ordered = _sorted_rows(columns)
+      return tf.cond(
+          n > 0,
+          # In float64: the two middle values may both be near the float32 maximum.
+          lambda: tf.cast(
+              0.5 * (_row64(ordered, (n - 1) // 2) + _row64(ordered, n // 2)),
+              values.dtype),
+          lambda: tf.zeros(tf.shape(columns)[1:], values.dtype))
+
+    return gather.by_column_blocks(median_of, values), state, collections.OrderedDict()
 
 
 class TrimmedMeanFactory(gather.GatheringAggregationFactory):
@@ -92,8 +96,14 @@ class TrimmedMeanFactory(gather.GatheringAggregationFactory):
     n = tf.shape(values)[0]
     # floor(β n) computed in float64: β·n is exact enough for any realistic n.
     k = tf.cast(tf.floor(self._trim_fraction * tf.cast(n, tf.float64)), tf.int32)
-    kept = _sorted_rows(values)[k:n - k]
-    # Summed in float64: kept values near the float32 maximum must not overflow.
-    mean = tf.math.divide_no_nan(
-        tf.reduce_sum(tf.cast(kept, tf.float64), axis=0), tf.cast(n - 2 * k, tf.float64))
-    return tf.cast(mean, values.dtype), state, collections.OrderedDict(num_trimmed_per_tail=k)
+
+    def trimmed_mean_of(columns):
+      kept = _sorted_rows(columns)[k:n - k]
+      # Summed in float64: kept values near the float32 maximum must not overflow.
+      mean = tf.math.divide_no_nan(
+          tf.reduce_sum(tf.cast(kept, tf.float64), axis=0),
+          tf.cast(n - 2 * k, tf.float64))
+      return tf.cast(mean, values.dtype)
+
+    return (gather.by_column_blocks(trimmed_mean_of, values), state,
+            collections.OrderedDict(num_trimmed_per_tail=k))

@@ -1,0 +1,188 @@
+r"""Per-call time and peak memory of every registry aggregator against the mean.
+
+One aggregation of `--clients` updates of `--parameters` float32 through
+`tff.templates.AggregationProcess.next` in TFF's default (local C++) execution context.
+The client updates are generated inside the TFF worker from per-client seeds (as in
+training, where they are computed there), so the time and memory measured are the
+aggregation's, not those of shipping gigabytes from Python.
+
+Every aggregator runs in its own Python subprocess (a clean peak), which
+starts its own `worker_binary`. Peak memory is VmHWM (peak resident set) of the Python
+process and of its worker_binary child, read after the timed calls and before the
+worker is stopped. Time is the median over `--calls` timed calls, after one untimed
+call (tracing). Prints each aggregator's time and peaks, and the ratios to the mean's
+(time/mean, worker peak/mean). `generate only` is the cost of making the client
+updates inside every call (a computation that only generates them).
+
+  .venv/bin/python -m benchmarks.aggregator_memory_time --clients=50 \
+      --parameters=6400000 --aggregators=median,multi_krum
+
+One aggregator, as JSON (what the parent runs, and tests/baselines/test_gather_memory.py):
+
+  .venv/bin/python -m benchmarks.aggregator_memory_time --one=median --parameters=1000000
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import registry
+from tff_robust import runtime
+
+_CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients per aggregation.')
+_PARAMETERS = flags.DEFINE_integer('parameters', 6_400_000, 'float32 per update.')
+_CALLS = flags.DEFINE_integer('calls', 2, 'Timed calls per aggregator.')
+_AGGREGATORS = flags.DEFINE_list(
+    'aggregators', list(registry.known_aggregators()),
+    'Registry names measured against the mean (default: all).')
+_BYZANTINE_FRACTION = flags.DEFINE_float(
+    'byzantine_fraction', 0.25, 'Krum and multi-Krum: the assumed corrupted fraction.')
+_ONE = flags.DEFINE_string(
+    'one', None, 'Measure this one aggregator (or "generate_only") in this process and '
+    'print one JSON line.')
+
+GENERATE_ONLY = 'generate_only'
+_KIB = 1024
+
+
+def aggregator_kwargs(name):
+  if name in ('krum', 'multi_krum'):
+    return dict(byzantine_fraction=_BYZANTINE_FRACTION.value)
+  return {}
+
+
+def peak_rss_bytes(pid) -> int:
+  """VmHWM (peak resident set size) of process `pid`."""
+  with open(f'/proc/{pid}/status') as f:
+    for line in f:
+      if line.startswith('VmHWM:'):
+        return int(line.split()[1]) * _KIB
+  raise RuntimeError(f'No VmHWM for process {pid}.')
+
+
+def client_computations(num_parameters):
+  """Seed → a client update (uniform in [-1, 1)); seed → its weight (1 + seed mod 3).
+
+  Two computations: selecting the update out of a (update, weight) struct at CLIENTS
+  would copy every update once more.
+  """
+
+  @tff.tensorflow.computation(np.int32)
+  def make_update(seed):
+    return tf.random.stateless_uniform(
+        [num_parameters], seed=tf.stack([seed, 0]), minval=-1.0, maxval=1.0)
+
+  @tff.tensorflow.computation(np.int32)
+  def make_weight(seed):
+    return tf.cast(1 + seed % 3, tf.float32)
+
+  return make_update, make_weight
+
+
+def aggregation_from_seeds(process, num_parameters):
+  """(state, seeds@CLIENTS) → `process.next` on the updates generated from the seeds."""
+  make_update, make_weight = client_computations(num_parameters)
+
+  @tff.federated_computation(process.next.type_signature.parameter[0],
+                             tff.FederatedType(np.int32, tff.CLIENTS))
+  def next_from_seeds(state, seeds):
+    return process.next(state, tff.federated_map(make_update, seeds),
+                        tff.federated_map(make_weight, seeds))
+
+  return next_from_seeds
+
+
+def generation_only(num_parameters):
+  """seeds@CLIENTS → the largest first coordinate: the updates are made, not
+  aggregated."""
+  make_update, _ = client_computations(num_parameters)
+
+  @tff.tensorflow.computation(make_update.type_signature.result)
+  def first_coordinate(update):
+    return update[0]
+
+  @tff.federated_computation(tff.FederatedType(np.int32, tff.CLIENTS))
+  def generate(seeds):
+    updates = tff.federated_map(make_update, seeds)
+    return tff.federated_max(tff.federated_map(first_coordinate, updates))
+
+  return generate
+
+
+def measure_one(name, num_clients, num_parameters, num_calls):
+  """Time and peak memory of `name`'s aggregation in this process and its worker."""
+  seeds = list(range(num_clients))
+  if name == GENERATE_ONLY:
+    computation = generation_only(num_parameters)
+    call = lambda: computation(seeds)
+  else:
+    factory = registry.aggregator_from_name(name, **aggregator_kwargs(name))
+    process = factory.create(tff.TensorType(np.float32, [num_parameters]),
+                             tff.TensorType(np.float32))
+    computation = aggregation_from_seeds(process, num_parameters)
+    state = process.initialize()
+    call = lambda: computation(state, seeds)
+  call()  # The measured aggregation when num_calls is 0; else untimed (tracing).
+  seconds = []
+  for _ in range(num_calls):
+    start = time.perf_counter()
+    call()
+    seconds.append(time.perf_counter() - start)
+  workers = runtime.worker_binaries()
+  return dict(
+      name=name, clients=num_clients, parameters=num_parameters,
+      seconds=statistics.median(seconds) if seconds else None,
+      python_peak_bytes=peak_rss_bytes(os.getpid()),
+      worker_peak_bytes=sum(peak_rss_bytes(pid) for pid in workers),
+      worker_pids=workers)
+
+
+def run_in_subprocess(name):
+  command = [
+      sys.executable, '-m', 'benchmarks.aggregator_memory_time', f'--one={name}',
+      f'--clients={_CLIENTS.value}', f'--parameters={_PARAMETERS.value}',
+      f'--calls={_CALLS.value}', f'--byzantine_fraction={_BYZANTINE_FRACTION.value}'
+  ]
+  output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+  return json.loads(output.strip().splitlines()[-1])
+
+
+def _gib(num_bytes):
+  return num_bytes / 2**30
+
+
+def main(argv):
+  del argv
+  if _ONE.value:
+    with runtime.worker_binaries_stopped():
+      result = measure_one(_ONE.value, _CLIENTS.value, _PARAMETERS.value, _CALLS.value)
+    print(json.dumps(result))
+    return
+  names = ['mean'] + [n for n in _AGGREGATORS.value if n != 'mean']
+  print(f'{_CLIENTS.value} clients x {_PARAMETERS.value:,} float32 '
+        f'({_gib(4 * _CLIENTS.value * _PARAMETERS.value):.2f} GiB of updates), '
+        f'median of {_CALLS.value} calls, each aggregator in its own process:')
+  print(f'  {"aggregator":<20s} {"s/call":>8s} {"time/mean":>9s} '
+        f'{"worker peak":>11s} {"peak/mean":>9s} {"python peak":>11s}')
+  results = {}
+  for name in [GENERATE_ONLY] + names:
+    result = results[name] = run_in_subprocess(name)
+    mean = results.get('mean', result)
+    print(f'  {name:<20s} {result["seconds"]:8.2f} '
+          f'{result["seconds"] / mean["seconds"]:9.2f} '
+          f'{_gib(result["worker_peak_bytes"]):9.2f} G '
+          f'{result["worker_peak_bytes"] / mean["worker_peak_bytes"]:9.2f} '
+          f'{_gib(result["python_peak_bytes"]):9.2f} G', flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)
