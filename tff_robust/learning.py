@@ -54,7 +54,9 @@ def build_robust_federated_aggregation_process(
     tolerance: relative gradient ‖∇g_ν‖/Σα at which the estimate freezes (0: every
       pass is applied); see `GeometricMedianFactory`.
     initial_point: 'zero' (the zero update, i.e. the current model; default, chosen
-      by `benchmarks/gm_start_point.py`) or 'mean' (the paper's start).
+      by `benchmarks/gm_start_point.py` and `benchmarks/gm_start_study.py`), 'mean'
+      (the paper's start) or 'previous' (the previous round's aggregate, i.e. model
+      delta, kept in the aggregator state).
     inner_mean_factory: the weighted mean each pass goes through (secure sum, DP).
     report_max_effective_weight: see `GeometricMedianFactory`.
     client_weighting: α_i: `tff.learning.ClientWeighting.NUM_EXAMPLES` (paper) or
