@@ -77,6 +77,11 @@ class GeometricMedianFactory(tff.aggregators.WeightedAggregationFactory):
   slowly decaying learning rate), and corrupted clients move it only as much as they
   moved the previous median. It is a guess, not a bound: after a sharp change (a
   learning-rate drop, a new task) the first passes start from a stale point.
+  Training on the main job's task (`benchmarks/gm_start_study.py`, 3 seeds, ρ = 0.25)
+  picked the default by the worst case over omniscient, ALIE and IPM: zero 69.0%,
+  previous 68.6%, mean 63.0% (omniscient in each case; clean 85.3% for all); the
+  warm start is better under IPM (80.5% vs 76.9% from zero), whose near-zero updates
+  a step from zero weighs most.
 
   Inputs must be finite: wrap the factory in `tff_robust.NonfiniteFilteringFactory`
   (`build_robust_federated_aggregation_process` and `tasks.registry` do) to give a NaN
