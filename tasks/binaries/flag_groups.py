@@ -105,8 +105,12 @@ def define_task_flags(**defaults) -> None:
     return True
 
 
-def define_training_flags(**defaults) -> None:
-  """Rounds, clients per round, client work, learning rates, evaluation and output."""
+def define_training_flags(sweep: bool = False, **defaults) -> None:
+  """Rounds, clients per round, client work, learning rates, evaluation and output.
+
+  A sweep (`sweep=True`) takes a list of worker momenta, --worker_momenta, instead of
+  one --worker_momentum.
+  """
   get = lambda name, value: defaults.pop(name, value)  # pylint: disable=g-long-lambda
   define('integer', 'rounds', get('rounds', 20), 'Federated rounds.', lower_bound=1)
   define('integer', 'clients_per_round', get('clients_per_round', 10), 'Clients '
@@ -124,10 +128,16 @@ def define_training_flags(**defaults) -> None:
   define('float', 'personal_learning_rate', get('personal_learning_rate', 0.05),
           'Ditto and personalized RFA: learning rate of the personal parameters.',
           lower_bound=1e-12)
-  define('float', 'worker_momentum', get('worker_momentum', 0.0), 'β in [0, 1) of '
-         'worker momentum (Karimireddy et al. 2021): each client sends '
-         'm ← β·m + (1 − β)·Δ instead of Δ; 0 sends Δ.', lower_bound=0.0,
-         upper_bound=0.999999)
+  momentum_help = ('worker momentum (Karimireddy et al. 2021): each client sends '
+                   'm ← β·m + (1 − β)·Δ instead of Δ; 0 sends Δ.')
+  if sweep:
+    define('list', 'worker_momenta', get('worker_momenta', ['0']), 'Values β in '
+           '[0, 1) of ' + momentum_help + ' Every aggregator runs with each.')
+    flags.register_validator('worker_momenta', _valid_momenta,
+                             message='--worker_momenta must be numbers in [0, 1).')
+  else:
+    define('float', 'worker_momentum', get('worker_momentum', 0.0), 'β in [0, 1) of '
+           + momentum_help, lower_bound=0.0, upper_bound=0.999999)
   define('float', 'client_learning_rate', get('client_learning_rate', 0.1), 'Initial '
           'client learning rate γ0 of the schedule γ_t = γ0·C^⌊t/t0⌋ (paper D.2.3).',
           lower_bound=1e-12)
@@ -279,13 +289,17 @@ def task_from_flags(seed: int) -> builders.Task:
                              num_clients=FLAGS.num_clients, seed=seed)
 
 
+def client_work_args_from_flags() -> dict[str, Any]:
+  """The personalized client works' arguments (FedAvg ignores them)."""
+  return dict(ditto_lambda=FLAGS.ditto_lambda, personal_steps=FLAGS.personal_steps,
+              personal_learning_rate=FLAGS.personal_learning_rate)
+
+
 def client_work_from_flags(task: builders.Task):
-  """The --client_work variant for `task` (None: FedAvg's, shared by the task)."""
+  """The --client_work variant for `task`, with --worker_momentum."""
   return client_work_lib.client_work_from_name(
-      FLAGS.client_work, task, ditto_lambda=FLAGS.ditto_lambda,
-      personal_steps=FLAGS.personal_steps,
-      personal_learning_rate=FLAGS.personal_learning_rate,
-      worker_momentum=FLAGS.worker_momentum)
+      FLAGS.client_work, task, worker_momentum=FLAGS.worker_momentum,
+      **client_work_args_from_flags())
 
 
 def simulation_kwargs_from_flags(eval_max_examples: Optional[int] = None) -> dict:
@@ -353,6 +367,13 @@ def _valid_rhos(values) -> bool:
     return False
 
 
+def _valid_momenta(values) -> bool:
+  try:
+    return bool(values) and all(0.0 <= float(v) < 1.0 for v in values)
+  except ValueError:
+    return False
+
+
 def sweep_spec_from_flags() -> sweep.SweepSpec:
   """The `tasks.simulation.sweep.SweepSpec` of the sweep flags."""
   return sweep.SweepSpec(
@@ -360,6 +381,9 @@ def sweep_spec_from_flags() -> sweep.SweepSpec:
       rhos=sorted({float(r) for r in FLAGS.rhos}),
       seeds=[int(s) for s in FLAGS.seeds], rounds=FLAGS.rounds,
       eval_period=FLAGS.eval_period,
+      worker_momenta=sorted({float(b) for b in FLAGS.worker_momenta}),
+      client_work=FLAGS.client_work, client_work_args=(
+          {} if FLAGS.client_work == 'fedavg' else client_work_args_from_flags()),
       aggregator_args={name: aggregator_kwargs(name, FLAGS.aggregator_args)
                        for name in FLAGS.aggregators},
       attack_args={name: parse_named_args(FLAGS.attack_args, name,

@@ -37,7 +37,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 flag_groups.define_task_flags(task='emnist', model='linear', data_source='bundled',
                               local_epochs=1, batch_size=10)
-flag_groups.define_training_flags(rounds=30, clients_per_round=10,
+flag_groups.define_training_flags(sweep=True, rounds=30, clients_per_round=10,
                                   client_learning_rate=0.1, eval_period=5,
                                   tensorboard=False)
 flag_groups.define_sweep_flags(

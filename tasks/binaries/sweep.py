@@ -19,7 +19,7 @@ from tff_robust import runtime
 FLAGS = flags.FLAGS
 
 flag_groups.define_task_flags()
-flag_groups.define_training_flags()
+flag_groups.define_training_flags(sweep=True)
 flag_groups.define_sweep_flags()
 
 

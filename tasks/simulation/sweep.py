@@ -36,11 +36,25 @@ import numpy as np
 
 from tasks import registry
 from tasks.simulation import attacks
+from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import experiment
 from tasks.simulation import loop
 
 DIVERGED_MARKER = 'DIVERGED'
 CLEAN = attacks.NO_ATTACK
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """A row of the sweep's tables: an aggregator, with or without worker momentum."""
+  aggregator: str
+  worker_momentum: float = 0.0
+
+  @property
+  def label(self) -> str:
+    if not self.worker_momentum:
+      return self.aggregator
+    return f'{self.aggregator} +wm{self.worker_momentum:g}'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +64,15 @@ class Run:
   attack: str
   rho: float
   seed: int
+  worker_momentum: float = 0.0
 
   @property
   def name(self) -> str:
-    return f'{self.aggregator}_{self.attack}_rho{self.rho:g}_seed{self.seed}'
+    # Without momentum the name is the one runs had before momentum was swept, so
+    # their output directories stay resumable.
+    momentum = f'_wm{self.worker_momentum:g}' if self.worker_momentum else ''
+    return (f'{self.aggregator}{momentum}_{self.attack}_rho{self.rho:g}'
+            f'_seed{self.seed}')
 
 
 @dataclasses.dataclass
@@ -65,6 +84,10 @@ class SweepSpec:
     attacks: Attack names (not 'none': ρ = 0 is the clean run).
     rhos: Corruption levels in [0, 0.5).
     seeds: Run seeds.
+    worker_momenta: Worker momentum β of the client work (Karimireddy et al. 2021);
+      every aggregator runs with each (0: clients send plain updates).
+    client_work: Name of `tasks.simulation.client_work.CLIENT_WORKS`.
+    client_work_args: Its keyword arguments (e.g. `ditto_lambda`).
     rounds: Rounds per run.
     eval_period: Evaluate every this many rounds.
     aggregator_args: aggregator name → keyword arguments.
@@ -79,26 +102,39 @@ class SweepSpec:
   seeds: Sequence[int]
   rounds: int
   eval_period: int = 1
+  worker_momenta: Sequence[float] = (0.0,)
+  client_work: str = 'fedavg'
+  client_work_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   aggregator_args: Mapping[str, Mapping[str, Any]] = dataclasses.field(
       default_factory=dict)
   attack_args: Mapping[str, Mapping[str, Any]] = dataclasses.field(
       default_factory=dict)
   simulation_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+  def variants(self) -> list[Variant]:
+    """The table rows: every aggregator with every worker momentum."""
+    return [Variant(aggregator, momentum) for aggregator in self.aggregators
+            for momentum in self.worker_momenta]
+
   def runs(self) -> list[Run]:
-    """Every run, ρ = 0 once per aggregator and seed."""
+    """Every run, ρ = 0 once per variant and seed."""
     runs = []
-    for aggregator in self.aggregators:
+    for variant in self.variants():
       for seed in self.seeds:
-        if 0.0 in self.rhos:
-          runs.append(Run(aggregator, CLEAN, 0.0, seed))
-        runs.extend(Run(aggregator, attack, rho, seed) for attack in self.attacks
-                    for rho in self.rhos if rho > 0)
+        runs.extend(self.run_for_cell(variant, attack, rho, seed)
+                    for attack, rho in self.cells())
     return runs
 
-  def run_for_cell(self, aggregator: str, attack: str, rho: float, seed: int) -> Run:
-    return Run(aggregator, CLEAN, 0.0, seed) if rho == 0 else Run(
-        aggregator, attack, rho, seed)
+  def cells(self) -> list[tuple[str, float]]:
+    """The (attack, ρ) columns, the clean run (ρ = 0) first when swept."""
+    clean = [(CLEAN, 0.0)] if 0.0 in self.rhos else []
+    return clean + [(attack, rho) for attack in self.attacks
+                    for rho in self.rhos if rho > 0]
+
+  def run_for_cell(self, variant: Variant, attack: str, rho: float,
+                   seed: int) -> Run:
+    return Run(variant.aggregator, CLEAN if rho == 0 else attack, rho, seed,
+               variant.worker_momentum)
 
 
 def run_dir(output_dir: str, run: Run) -> str:
@@ -121,11 +157,15 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     factory = registry.aggregator_from_name(
         run.aggregator, **spec.aggregator_args.get(run.aggregator, {}))
     attack_params = spec.attack_args.get(run.attack, {})
-    sim = loop.Simulation(task, factory, attack=run.attack, attack_params=attack_params,
-                          rho=run.rho, seed=run.seed, **spec.simulation_kwargs)
+    work = client_work_lib.client_work_from_name(
+        spec.client_work, task, worker_momentum=run.worker_momentum,
+        **spec.client_work_args)
+    sim = loop.Simulation(task, factory, work, attack=run.attack,
+                          attack_params=attack_params, rho=run.rho, seed=run.seed,
+                          **spec.simulation_kwargs)
     config = dict(run=run.name, task=task.name,
                   aggregator_args=spec.aggregator_args.get(run.aggregator, {}),
-                  attack_args=attack_params,
+                  attack_args=attack_params, **_client_work_config(spec),
                   **{k: v for k, v in spec.simulation_kwargs.items()
                      if k != 'server_optimizer'})
     try:
@@ -136,6 +176,14 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
       log(f'{label}: {e}')
       with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:
         f.write(str(e) + '\n')
+
+
+def _client_work_config(spec: SweepSpec) -> dict[str, Any]:
+  """The client work's part of a run's config.json; empty for plain FedAvg, so runs
+  from before the client work was configurable stay resumable (β is in the name)."""
+  if spec.client_work == 'fedavg':
+    return {}
+  return dict(client_work=spec.client_work, client_work_args=dict(spec.client_work_args))
 
 
 def read_metrics(directory: str) -> list[dict[str, float]]:
@@ -155,14 +203,15 @@ def _final_accuracy(rows) -> float:
 
 
 def summarize(spec: SweepSpec, output_dir: str) -> list[dict[str, Any]]:
-  """One summary row per (aggregator, attack, rho), over seeds."""
+  """One summary row per (variant, attack, rho), over seeds; `aggregator` is the
+  variant's label (the aggregator's name, '+wmβ' with worker momentum β)."""
   summary = []
-  for aggregator in spec.aggregators:
+  for variant in spec.variants():
     for attack in spec.attacks:
       for rho in spec.rhos:
         finals, diverged, calls = [], 0, []
         for seed in spec.seeds:
-          run = spec.run_for_cell(aggregator, attack, rho, seed)
+          run = spec.run_for_cell(variant, attack, rho, seed)
           directory = run_dir(output_dir, run)
           rows = read_metrics(directory)
           finals.append(_final_accuracy(rows))
@@ -170,7 +219,7 @@ def summarize(spec: SweepSpec, output_dir: str) -> list[dict[str, Any]]:
           calls.extend(r['secure_average_calls'] for r in rows)
         values = np.array([v for v in finals if not math.isnan(v)])
         summary.append(dict(
-            aggregator=aggregator, attack=attack, rho=rho,
+            aggregator=variant.label, attack=attack, rho=rho,
             final_accuracy_mean=values.mean() if values.size else math.nan,
             final_accuracy_min=values.min() if values.size else math.nan,
             final_accuracy_max=values.max() if values.size else math.nan,
@@ -228,12 +277,12 @@ def plot_accuracy_vs_rho(summary, spec: SweepSpec, path: str) -> None:
   fig, axes = plt.subplots(1, len(spec.attacks), figsize=(5 * len(spec.attacks), 4),
                            squeeze=False, sharey=True)
   for ax, attack in zip(axes[0], spec.attacks):
-    for aggregator in spec.aggregators:
-      rows = sorted((r for r in summary if r['aggregator'] == aggregator and
+    for variant in spec.variants():
+      rows = sorted((r for r in summary if r['aggregator'] == variant.label and
                      r['attack'] == attack), key=lambda r: r['rho'])
       rhos = [r['rho'] for r in rows]
       mean = [r['final_accuracy_mean'] for r in rows]
-      line, = ax.plot(rhos, mean, marker='o', label=aggregator)
+      line, = ax.plot(rhos, mean, marker='o', label=variant.label)
       ax.fill_between(rhos, [r['final_accuracy_min'] for r in rows],
                       [r['final_accuracy_max'] for r in rows], alpha=0.2,
                       color=line.get_color())
@@ -247,12 +296,12 @@ def plot_accuracy_vs_rho(summary, spec: SweepSpec, path: str) -> None:
   plt.close(fig)
 
 
-def _curves(output_dir, spec, aggregator, attack, rho, x_column):
+def _curves(output_dir, spec, variant, attack, rho, x_column):
   """x values and the per-seed accuracy curves on the evaluated rounds."""
   curves = []
   for seed in spec.seeds:
     rows = [r for r in read_metrics(run_dir(output_dir, spec.run_for_cell(
-        aggregator, attack, rho, seed))) if not math.isnan(r['test_accuracy'])]
+        variant, attack, rho, seed))) if not math.isnan(r['test_accuracy'])]
     curves.append(([r[x_column] for r in rows], [r['test_accuracy'] for r in rows]))
   return curves
 
@@ -264,15 +313,15 @@ def plot_curves(output_dir: str, spec: SweepSpec, attack: str, rho: float,
   for ax, (x_column, label) in zip(axes, [
       ('round', 'rounds'),
       ('cumulative_secure_average_calls', 'calls to the secure average oracle')]):
-    for aggregator in spec.aggregators:
-      curves = [c for c in _curves(output_dir, spec, aggregator, attack, rho, x_column)
+    for variant in spec.variants():
+      curves = [c for c in _curves(output_dir, spec, variant, attack, rho, x_column)
                 if c[0]]
       if not curves:
         continue
       length = min(len(c[0]) for c in curves)  # Diverged seeds stop early.
       x = np.array(curves[0][0][:length])
       y = np.array([c[1][:length] for c in curves])
-      line, = ax.plot(x, y.mean(axis=0), label=aggregator)
+      line, = ax.plot(x, y.mean(axis=0), label=variant.label)
       ax.fill_between(x, y.min(axis=0), y.max(axis=0), alpha=0.2,
                       color=line.get_color())
     ax.set_xlabel(label)
@@ -290,14 +339,10 @@ def write_report(spec: SweepSpec, output_dir: str) -> str:
   summary = summarize(spec, output_dir)
   markdown = write_summary(summary, output_dir)
   plot_accuracy_vs_rho(summary, spec, os.path.join(output_dir, 'accuracy_vs_rho.png'))
-  cells = [(CLEAN, 0.0)] if 0.0 in spec.rhos else []
-  cells += [(a, r) for a in spec.attacks for r in spec.rhos if r > 0]
-  for attack, rho in cells:
+  for attack, rho in spec.cells():
     plot_curves(output_dir, spec, attack if rho else spec.attacks[0], rho,
                 os.path.join(output_dir, f'curves_{attack}_rho{rho:g}.png'))
   return markdown
-
-
 
 
 README_BEGIN = '<!-- main_job:begin -->'

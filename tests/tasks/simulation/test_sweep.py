@@ -52,3 +52,24 @@ class SweepTest(parameterized.TestCase):
     sweep.run_sweep(task, spec, output_dir, progress=False, log=messages.append)
     self.assertLen(messages, 8)
     self.assertTrue(all(m.endswith('finished, skipped.') for m in messages))
+
+  def test_worker_momentum_is_a_row_of_its_own(self):
+    output_dir = tempfile.mkdtemp(prefix='test_sweep_momentum_')
+    self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
+    task = builders.build_task('emnist', 'linear', source='synthetic',
+                               client_spec=builders.ClientSpec(1, 10))
+    spec = sweep.SweepSpec(
+        aggregators=['mean'], attacks=['omniscient'], rhos=[0.0], seeds=[0],
+        rounds=2, worker_momenta=[0.0, 0.9],
+        simulation_kwargs=dict(clients_per_round=3,
+                               client_learning_rate=loop.StepSchedule(0.1)))
+    self.assertEqual([run.name for run in spec.runs()],
+                     ['mean_none_rho0_seed0', 'mean_wm0.9_none_rho0_seed0'])
+    sweep.run_sweep(task, spec, output_dir, progress=False, log=lambda m: None)
+    losses = [[row['train_loss'] for row in sweep.read_metrics(
+        sweep.run_dir(output_dir, run))] for run in spec.runs()]
+    # Round 0 trains the same model; with momentum the first step is (1 − β)Δ.
+    self.assertAlmostEqual(losses[0][0], losses[1][0], places=5)
+    self.assertNotAlmostEqual(losses[0][1], losses[1][1], places=3)
+    markdown = sweep.write_report(spec, output_dir)
+    self.assertIn('| mean +wm0.9 |', markdown)

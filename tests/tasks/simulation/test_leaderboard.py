@@ -1,0 +1,70 @@
+"""The leaderboard: worst case over attacks per aggregator, ranking, table, heatmap."""
+
+import math
+import os
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from tasks.simulation import leaderboard
+
+
+def _row(aggregator, attack, rho, accuracy):
+  return dict(aggregator=aggregator, attack=attack, rho=rho,
+              final_accuracy_mean=accuracy, final_accuracy_min=accuracy,
+              final_accuracy_max=accuracy, num_seeds=1, num_diverged=0,
+              secure_average_calls_per_round=1.0)
+
+
+# Two attacks at two corruption levels; the sweep repeats the clean cell per attack.
+_SUMMARY = [
+    _row('mean', 'alie', 0.0, 0.90), _row('mean', 'alie', 0.1, 0.50),
+    _row('mean', 'alie', 0.25, 0.20), _row('mean', 'ipm', 0.0, 0.90),
+    _row('mean', 'ipm', 0.1, 0.60), _row('mean', 'ipm', 0.25, 0.10),
+    _row('gm', 'alie', 0.0, 0.88), _row('gm', 'alie', 0.1, 0.80),
+    _row('gm', 'alie', 0.25, 0.70), _row('gm', 'ipm', 0.0, 0.88),
+    _row('gm', 'ipm', 0.1, 0.85), _row('gm', 'ipm', 0.25, 0.75),
+]
+
+
+class WorstCasesTest(parameterized.TestCase):
+
+  def test_worst_attack_per_rho_and_ranking(self):
+    rows = leaderboard.worst_cases(_SUMMARY)
+    self.assertEqual([r['aggregator'] for r in rows], ['gm', 'mean'])
+    gm, mean = rows
+    self.assertEqual(gm['clean'], 0.88)
+    self.assertEqual((gm['worst_rho0.1'], gm['worst_attack_rho0.1']), (0.80, 'alie'))
+    self.assertEqual((gm['worst_rho0.25'], gm['worst_attack_rho0.25']), (0.70, 'alie'))
+    self.assertEqual((mean['worst_rho0.1'], mean['worst_attack_rho0.1']), (0.50, 'alie'))
+    self.assertEqual((mean['worst_rho0.25'], mean['worst_attack_rho0.25']), (0.10, 'ipm'))
+
+  def test_a_missing_cell_makes_the_worst_case_unknown_and_ranks_last(self):
+    summary = [dict(r) for r in _SUMMARY]
+    for row in summary:
+      if row['aggregator'] == 'gm' and row['attack'] == 'ipm' and row['rho'] == 0.25:
+        row['final_accuracy_mean'] = math.nan
+    rows = leaderboard.worst_cases(summary)
+    self.assertEqual([r['aggregator'] for r in rows], ['mean', 'gm'])
+    self.assertTrue(math.isnan(rows[1]['worst_rho0.25']))
+    self.assertIn('| 2 | gm | 88.0 | 80.0 (alie) | n/a (alie) |',
+                  leaderboard.markdown_table(rows))
+
+  def test_markdown_table(self):
+    table = leaderboard.markdown_table(leaderboard.worst_cases(_SUMMARY))
+    self.assertEqual(table.splitlines(), [
+        '| rank | aggregator | clean | worst case ρ=0.1 | worst case ρ=0.25 |',
+        '|---:|---|---:|---:|---:|',
+        '| 1 | gm | 88.0 | 80.0 (alie) | 70.0 (alie) |',
+        '| 2 | mean | 90.0 | 50.0 (alie) | 10.0 (ipm) |',
+    ])
+
+  def test_heatmap_is_written(self):
+    path = os.path.join(tempfile.mkdtemp(), 'heatmap.png')
+    leaderboard.plot_heatmap(_SUMMARY, leaderboard.worst_cases(_SUMMARY), path, 'test')
+    self.assertGreater(os.path.getsize(path), 5000)
+
+
+if __name__ == '__main__':
+  absltest.main()
