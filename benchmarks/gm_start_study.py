@@ -39,7 +39,7 @@ FLAGS = flags.FLAGS
 
 flag_groups.define_task_flags(task='emnist', model='linear', data_source='bundled',
                               local_epochs=1, batch_size=10)
-flag_groups.define_training_flags(rounds=30, clients_per_round=10,
+flag_groups.define_training_flags(sweep=True, rounds=30, clients_per_round=10,
                                   client_learning_rate=0.1, eval_period=5,
                                   tensorboard=False)
 flag_groups.define_sweep_flags(aggregators=['gm'], attacks=['omniscient', 'alie', 'ipm'],
@@ -55,6 +55,9 @@ flags.register_validator(
     message=f'--starts must be a subset of {geometric_median.INITIAL_POINTS}.')
 flags.register_validator('aggregators', lambda v: v == ['gm'],
                          message='The study compares starts of --aggregators=gm only.')
+flags.register_validator('worker_momenta', lambda v: len(v) == 1,
+                         message='One --worker_momenta value per study (one table row '
+                         'per start).')
 
 
 def spec_for_start(start: str) -> sweep.SweepSpec:
