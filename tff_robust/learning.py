@@ -55,7 +55,9 @@ def build_robust_federated_aggregation_process(
       pass is applied; None: 1e-6); see `GeometricMedianFactory`. Not the original
       TFF RFA's `tolerance` (which is ν): a positive value without `nu` raises.
     initial_point: 'zero' (the zero update, i.e. the current model; default, chosen
-      by `benchmarks/gm_start_point.py`) or 'mean' (the paper's start).
+      by `benchmarks/gm_start_point.py` and `benchmarks/gm_start_study.py`), 'mean'
+      (the paper's start) or 'previous' (the previous round's aggregate, i.e. model
+      delta, kept in the aggregator state).
     inner_mean_factory: the weighted mean each pass goes through (secure sum, DP).
     report_max_effective_weight: see `GeometricMedianFactory`.
     client_weighting: α_i: `tff.learning.ClientWeighting.NUM_EXAMPLES` (paper) or

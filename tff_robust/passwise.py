@@ -85,7 +85,8 @@ class PasswiseFactory:
 
   For a `GeometricMedianFactory` (RFA, one-step RFA) the passes are those of
   `geometric_median.WeiszfeldSteps`: the first inner mean (weights α_i, or
-  α_i/max(ν, ‖w_i‖) from v = 0), R − 1 Weiszfeld passes, and, when the factory reports
+  α_i/max(ν, ‖w_i − v‖) from v = 0 or, for `initial_point='previous'`, from the
+  previous result in the state), R − 1 Weiszfeld passes, and, when the factory reports
   `objective`, one scalar sum for g_ν of the final estimate. For a `GammaMeanFactory`:
   the starting point (the weighted mean, or the geometric median's passes and, for the
   diagonal covariance, one more mean) and S iterations. Either may be wrapped in
@@ -175,11 +176,19 @@ class _GeometricMedianPasses:
     client_value = tff.FederatedType(value_type, tff.CLIENTS)
     client_weight = tff.FederatedType(weight_type, tff.CLIENTS)
     several_passes = self._num_passes > 1
+    self._warm_start = steps.warm_start
+    # The warm start's pass 1 takes the whole state: the inner one and its start.
+    first_state_type = (self._process.initialize.type_signature.result
+                        if self._warm_start else state_type)
 
-    @tff.federated_computation(state_type, client_value, client_weight)
+    @tff.federated_computation(first_state_type, client_value, client_weight)
     def first_pass(state, value, weight):
       value, alpha, num_dropped = clean(value, weight)
-      first = steps.first_pass(inner, state, value, alpha)
+      if self._warm_start:
+        first = steps.first_pass(inner, state.inner, value, alpha,
+                                 start=state[geometric_median.PREVIOUS_AGGREGATE])
+      else:
+        first = steps.first_pass(inner, state, value, alpha)
       result = collections.OrderedDict(
           state=first['output'].state, center=first['output'].result,
           measurements=first['output'].measurements)
@@ -246,6 +255,9 @@ class _GeometricMedianPasses:
         relative_gradients, max_weights, inner_measurements,
         stack=lambda values, dtype: np.array(values, dtype.as_numpy_dtype),
         max_of=np.max, constant=lambda x: x)
+    if self._warm_start:
+      state = collections.OrderedDict(
+          [('inner', state), (geometric_median.PREVIOUS_AGGREGATE, center)])
     output = tff.templates.MeasuredProcessOutput(state, center, measurements)
     return output, first.get('num_dropped')
 

@@ -27,6 +27,8 @@ FACTORIES = {
     'mean': _filtered(wrappers.mean_factory),  # FedAvg's mean.
     'gm': _filtered(lambda: geometric_median.GeometricMedianFactory(
         num_communication_passes=3, tolerance=0.0)),
+    'gm_warm_start': _filtered(lambda: geometric_median.GeometricMedianFactory(
+        num_communication_passes=3, tolerance=0.0, initial_point='previous')),
     'gm_tolerance_freezes': _filtered(lambda: geometric_median.GeometricMedianFactory(
         num_communication_passes=4, nu=1e-6, tolerance=0.5)),
     'one_step_gm': _filtered(geometric_median.one_step_geometric_median_factory),
@@ -84,9 +86,14 @@ def context(workers):
 
 
 def _single_process(name, values, weights, rounds=2):
+  return _single_process_rounds(name, [(values, weights)] * rounds)
+
+
+def _single_process_rounds(name, rounds):
+  """Outputs of one round per `(values, weights)` of `rounds`, the state carried."""
   process = cases.process(('distributed', name), FACTORIES[name])
   state, outputs = process.initialize(), []
-  for _ in range(rounds):
+  for values, weights in rounds:
     output = process.next(state, values, weights)
     outputs.append(output)
     state = output.state
@@ -111,13 +118,15 @@ def test_passwise_process_equals_the_single_computation(name):
 
 @pytest.mark.parametrize('name', sorted(FACTORIES))
 def test_two_workers_equal_the_single_process(name, context):
-  values, weights = _clients(seed=1)
-  expected = _single_process(name, values, weights)
+  # Other clients in round 2: with the same ones a warm start would begin at their
+  # median, where the relative gradient is a rounding-level difference of iterates.
+  rounds = [_clients(seed=1), _clients(seed=11)]
+  expected = _single_process_rounds(name, rounds)
   process = passwise.PasswiseFactory(FACTORIES[name]()).create(
       cases.VALUE_TYPE, cases.WEIGHT_TYPE)
   with tff.framework.get_context_stack().install(context):
     state = process.initialize()
-    for want in expected:
+    for want, (values, weights) in zip(expected, rounds):
       got = process.next(state, values, weights)
       assert_same(got.result, want.result)
       assert_same(got.measurements, want.measurements)

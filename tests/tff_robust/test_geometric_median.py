@@ -19,6 +19,8 @@ def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='
                              criteria=None):
   """Algorithm 2 of the paper on rows of `points`, stopped by the relative gradient.
 
+  `start` is 'zero' (pass 1 a Weiszfeld step from 0), 'mean' (pass 1 the α-mean) or
+  a point (pass 1 a Weiszfeld step from it: the warm start).
   Returns the estimate and g_ν after every pass. Pass r ≥ 2 computes the Weiszfeld
   step v⁺ from v and the relative gradient ‖v⁺ − v‖·Σβ/Σα (appended to `criteria` if
   given); v⁺ is applied unless the estimate is frozen, and the estimate freezes once
@@ -38,8 +40,12 @@ def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='
     beta = weights(v)
     return beta @ points / beta.sum()
 
-  v = weiszfeld_step(np.zeros(points.shape[1])) if start == 'zero' else (
-      alphas @ points / alphas.sum())
+  if isinstance(start, np.ndarray):
+    v = weiszfeld_step(start)
+  elif start == 'zero':
+    v = weiszfeld_step(np.zeros(points.shape[1]))
+  else:
+    v = alphas @ points / alphas.sum()
   objectives, frozen = [], False
   for _ in range(passes - 1):
     objectives.append(smoothed_objective(v))
@@ -138,6 +144,85 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
         points, weights)
     self.assertAlmostEqual(
         measurements['max_effective_weight'], weights.max() / weights.sum(), places=6)
+
+
+class WarmStartTest(parameterized.TestCase):
+  """`initial_point='previous'`: pass 1 is a Weiszfeld step from the last result."""
+
+  def _rounds(self, num_rounds, seed):
+    """Per round: 8 clients around a drifting centre, 2 of them far outliers."""
+    rng = np.random.default_rng(seed)
+    centre = rng.normal(size=DIMENSION)
+    rounds = []
+    for _ in range(num_rounds):
+      centre = centre + 0.3 * rng.normal(size=DIMENSION)
+      points = centre + 0.5 * rng.normal(size=(8, DIMENSION))
+      points[:2] = 50.0 * rng.normal(size=(2, DIMENSION))
+      rounds.append((points, rng.uniform(1, 20, size=8)))
+    return rounds
+
+  @parameterized.product(passes=[1, 2, 3], nu=[1e-6, 1e-2])
+  def test_matches_numpy_with_the_state_carried_over_rounds(self, passes, nu):
+    factory = tff_robust.GeometricMedianFactory(
+        num_communication_passes=passes, nu=nu, initial_point='previous')
+    process = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+    state, previous = process.initialize(), np.zeros(DIMENSION)
+    for points, weights in self._rounds(3, seed=passes):
+      criteria = []
+      expected, expected_objectives = numpy_smoothed_weiszfeld(
+          points, weights, passes, nu, start=previous, criteria=criteria)
+      output = process.next(state, [to_structure(p) for p in points],
+                            [np.float32(w) for w in weights])
+      actual = to_vector(output.result)
+      self.assertLessEqual(relative_error(actual, expected), 1e-5)
+      np.testing.assert_allclose(output.measurements['objective'], expected_objectives,
+                                 rtol=1e-5)
+      np.testing.assert_allclose(output.measurements['relative_gradient'], criteria,
+                                 rtol=1e-4, atol=1e-6)
+      # The state carries the result, at SERVER, for the next round.
+      np.testing.assert_array_equal(
+          to_vector(output.state[tff_robust.geometric_median.PREVIOUS_AGGREGATE]),
+          actual)
+      # The numpy reference goes on from its own result, not from ours.
+      state, previous = output.state, expected
+
+  def test_first_round_equals_the_zero_start(self):
+    points, weights = self._rounds(1, seed=7)[0]
+    warm, _ = aggregate(tff_robust.GeometricMedianFactory(initial_point='previous'),
+                        points, weights)
+    zero, _ = aggregate(tff_robust.GeometricMedianFactory(initial_point='zero'),
+                        points, weights)
+    np.testing.assert_array_equal(warm, zero)
+
+  def test_initial_state_is_the_zero_update_at_server(self):
+    process = tff_robust.GeometricMedianFactory(initial_point='previous').create(
+        VALUE_TYPE, WEIGHT_TYPE)
+    state_type = process.initialize.type_signature.result
+    self.assertEqual(state_type.placement, tff.SERVER)
+    previous = process.initialize()[tff_robust.geometric_median.PREVIOUS_AGGREGATE]
+    np.testing.assert_array_equal(to_vector(previous), np.zeros(DIMENSION))
+
+  def test_state_survives_a_checkpoint(self):
+    import asyncio  # pylint: disable=g-import-not-at-top
+    import tempfile  # pylint: disable=g-import-not-at-top
+    process = tff_robust.GeometricMedianFactory(
+        num_communication_passes=1, initial_point='previous').create(
+            VALUE_TYPE, WEIGHT_TYPE)
+    (points, weights), (next_points, next_weights) = self._rounds(2, seed=8)
+    state = process.next(process.initialize(), [to_structure(p) for p in points],
+                         [np.float32(w) for w in weights]).state
+    with tempfile.TemporaryDirectory() as directory:
+      manager = tff.program.FileProgramStateManager(directory)
+      asyncio.run(manager.save(state, 1))
+      loaded, version = asyncio.run(manager.load_latest(process.initialize()))
+    self.assertEqual(version, 1)
+    next_round = lambda s: to_vector(process.next(  # pylint: disable=g-long-lambda
+        s, [to_structure(p) for p in next_points],
+        [np.float32(w) for w in next_weights]).result)
+    np.testing.assert_array_equal(next_round(loaded), next_round(state))
+    # The loaded start matters: from the initial state the round differs.
+    self.assertGreater(
+        relative_error(next_round(process.initialize()), next_round(state)), 1e-3)
 
 
 class GeometricMedianRobustnessTest(parameterized.TestCase):

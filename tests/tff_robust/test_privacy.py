@@ -77,6 +77,9 @@ def only_scalars(member):
 SECURE_COMPATIBLE = (
     ('gm', lambda inner, report: tff_robust.GeometricMedianFactory(
         inner_mean_factory=inner, report_max_effective_weight=report)),
+    ('gm_warm_start', lambda inner, report: tff_robust.GeometricMedianFactory(
+        inner_mean_factory=inner, report_max_effective_weight=report,
+        initial_point='previous')),
     ('one_step_gm', lambda inner, report: tff_robust.one_step_geometric_median_factory(
         inner_mean_factory=inner, report_max_effective_weight=report)),
     # γ-mean and GMA reveal no maximum at all: `report` does not apply to them.

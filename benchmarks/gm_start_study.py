@@ -1,0 +1,150 @@
+r"""Which start should RFA's geometric median use? Real training runs, per start point.
+
+Trains the main job's task (EMNIST-linear on the bundled MNIST digits, 100 clients,
+30 rounds, 10 clients per round, 1 local epoch, batch 10, client learning rate 0.1;
+`tasks.binaries.main_job`) with the geometric median (`gm`, 3 passes, its other
+defaults) from each `--starts` entry:
+
+  * mean:     the paper's Algorithm 2 (pass 1 is the weighted mean);
+  * zero:     pass 1 is a Weiszfeld step from the zero update (one-step RFA);
+  * previous: pass 1 is a Weiszfeld step from the previous round's aggregate, carried
+              in the aggregator state (warm start; zero in the first round).
+
+under each `--attacks` entry at each `--rhos` level and the clean run (ρ = 0), for
+every `--seeds` entry, and prints the final clean test accuracy (%) as
+"mean (min..max)" over seeds, each start's worst case over the attacked cells, and the
+choice: the start with the best worst case among those whose clean accuracy is within
+`--clean_margin` points of the best clean one.
+
+  .venv/bin/python -m benchmarks.gm_start_study --seeds=0,1,2 --rhos=0,0.25
+
+Every run is a sweep run (`tasks.simulation.sweep`) in `<output_dir>/<start>/`: a
+restarted study skips finished runs. It takes the sweep binary's flags.
+"""
+
+import math
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from tasks.binaries import flag_groups
+from tasks.simulation import sweep
+from tff_robust import geometric_median
+from tff_robust import runtime
+
+FLAGS = flags.FLAGS
+
+flag_groups.define_task_flags(task='emnist', model='linear', data_source='bundled',
+                              local_epochs=1, batch_size=10)
+flag_groups.define_training_flags(sweep=True, rounds=30, clients_per_round=10,
+                                  client_learning_rate=0.1, eval_period=5,
+                                  tensorboard=False)
+flag_groups.define_sweep_flags(aggregators=['gm'], attacks=['omniscient', 'alie', 'ipm'],
+                               rhos=['0', '0.25'], seeds=['0', '1', '2'],
+                               output_dir='runs/gm_start_study')
+_STARTS = flags.DEFINE_list('starts', list(geometric_median.INITIAL_POINTS),
+                            "The geometric median's initial_point values to compare.")
+_CLEAN_MARGIN = flags.DEFINE_float(
+    'clean_margin', 0.5, 'Points of clean accuracy a start may lose to the best clean '
+    'start and still be chosen.')
+flags.register_validator(
+    'starts', lambda v: bool(v) and set(v) <= set(geometric_median.INITIAL_POINTS),
+    message=f'--starts must be a subset of {geometric_median.INITIAL_POINTS}.')
+flags.register_validator('aggregators', lambda v: v == ['gm'],
+                         message='The study compares starts of --aggregators=gm only.')
+flags.register_validator('worker_momenta', lambda v: len(v) == 1,
+                         message='One --worker_momenta value per study (one table row '
+                         'per start).')
+
+
+def spec_for_start(start: str) -> sweep.SweepSpec:
+  spec = flag_groups.sweep_spec_from_flags()
+  spec.aggregator_args = {'gm': dict(spec.aggregator_args.get('gm', {}),
+                                     initial_point=start)}
+  return spec
+
+
+def cell_text(row) -> str:
+  if row is None or math.isnan(row['final_accuracy_mean']):
+    return 'n/a'
+  text = f'{100 * row["final_accuracy_mean"]:.1f}'
+  if row['num_seeds'] > 1:
+    text += (f' ({100 * row["final_accuracy_min"]:.1f}..'
+             f'{100 * row["final_accuracy_max"]:.1f})')
+  if row['num_diverged']:
+    text += f' [{row["num_diverged"]} diverged]'
+  return text
+
+
+def study_table(summaries: dict, clean_margin: float) -> tuple[str, str]:
+  """(markdown table, decision) from {start: sweep summary rows}."""
+  any_rows = next(iter(summaries.values()))
+  attacked = list(dict.fromkeys((r['attack'], r['rho']) for r in any_rows
+                                if r['rho'] > 0))
+  has_clean = any(r['rho'] == 0 for r in any_rows)
+  header = ['initial_point'] + (['clean ρ=0'] if has_clean else []) + [
+      f'{attack} ρ={rho:g}' for attack, rho in attacked] + ['worst case']
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '|'.join(['---'] + ['---:'] * (len(header) - 1)) + '|']
+  clean, worst = {}, {}
+  for start, rows in summaries.items():
+    by_cell = {('none', 0.0) if r['rho'] == 0 else (r['attack'], r['rho']): r
+               for r in rows}
+    cells = [cell_text(by_cell.get(('none', 0.0)))] if has_clean else []
+    cells += [cell_text(by_cell.get(cell)) for cell in attacked]
+    means = [by_cell[c]['final_accuracy_mean'] for c in attacked if c in by_cell]
+    worst[start] = 100 * min(means) if means else math.nan
+    clean[start] = (100 * by_cell[('none', 0.0)]['final_accuracy_mean']
+                    if has_clean else math.nan)
+    lines.append('| ' + ' | '.join([start] + cells + [f'{worst[start]:.1f}']) + ' |')
+  table = '\n'.join(lines) + '\n'
+  return table, _decision(clean, worst, clean_margin)
+
+
+def _decision(clean: dict, worst: dict, clean_margin: float) -> str:
+  finite_clean = [v for v in clean.values() if not math.isnan(v)]
+  best_clean = max(finite_clean) if finite_clean else math.nan
+  eligible = [s for s in worst if math.isnan(best_clean) or
+              clean[s] >= best_clean - clean_margin]
+  eligible = [s for s in eligible if not math.isnan(worst[s])]
+  if not eligible:
+    return 'No start has a worst case (no attacked runs finished).'
+  chosen = max(eligible, key=lambda s: worst[s])
+  return (f'Best worst case among starts within {clean_margin:g} points of the best '
+          f'clean accuracy ({best_clean:.1f}): {chosen!r} ({worst[chosen]:.1f}; '
+          + ', '.join(f'{s} {worst[s]:.1f}' for s in worst) + ').')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  started = time.time()
+  flag_groups.quiet_logs()
+  task = flag_groups.task_from_flags(FLAGS.data_seed)
+  summaries = {}
+  with runtime.worker_binaries_stopped():
+    for start in _STARTS.value:
+      spec = spec_for_start(start)
+      directory = os.path.join(FLAGS.output_dir, start)
+      sweep.run_sweep(task, spec, directory, progress=FLAGS.progress)
+      summaries[start] = sweep.summarize(spec, directory)
+      sweep.write_summary(summaries[start], directory)
+  table, decision = study_table(summaries, _CLEAN_MARGIN.value)
+  seeds = ','.join(FLAGS.seeds)
+  page = (f'GM (3 passes) by initial_point: {FLAGS.task}-{FLAGS.model} '
+          f'({FLAGS.data_source}), {FLAGS.rounds} rounds, {FLAGS.clients_per_round} '
+          f'clients/round, seeds {seeds}. Final clean test accuracy (%), mean '
+          f'(min..max) over seeds; worst case: the lowest mean over attacked cells.\n\n'
+          + table + '\n' + decision + '\n')
+  with open(os.path.join(FLAGS.output_dir, 'study.md'), 'w') as f:
+    f.write(page)
+  print(page)
+  print(f'Study finished in {(time.time() - started) / 60:.1f} minutes; runs in '
+        f'{FLAGS.output_dir}.', file=sys.stderr)
+
+
+if __name__ == '__main__':
+  app.run(main)
