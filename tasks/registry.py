@@ -70,9 +70,10 @@ def _krum(assumed_byzantine_fraction=None, **kwargs):
       **_with_assumed_byzantine(kwargs, assumed_byzantine_fraction))
 
 
-# The aggregators whose default assumed number of corrupted clients comes from
-# `aggregator_from_name(..., assumed_byzantine_fraction=ρ)`.
+# The aggregators and wrappers whose default assumed number of corrupted clients
+# comes from `aggregator_from_name(..., assumed_byzantine_fraction=ρ)`.
 _TAKE_ASSUMED_FRACTION = ('krum', 'multi_krum')
+_WRAPPERS_TAKING_ASSUMED_FRACTION = ('nnm', 'arc')
 
 
 def _gamma_mean_diagonal(**kwargs):
@@ -143,8 +144,9 @@ def aggregator_from_name(
   aggregator's constructor arguments; 'multi_krum' defaults `num_selected` to n − f)
   and wrapped by the wrappers the name lists, with `wrapper_args`.
 
-  'krum' and 'multi_krum' need f, the assumed number of corrupted clients: without
-  `num_byzantine` or `byzantine_fraction` it is ⌊ρ·n⌋ for the n clients of a round,
+  'krum', 'multi_krum' and the wrappers 'nnm' and 'arc' need f, the assumed number
+  of corrupted clients: without `num_byzantine` or `byzantine_fraction` (for a
+  wrapper, in its `wrapper_args`) it is ⌊ρ·n⌋ for the n clients of a round,
   ρ = `assumed_byzantine_fraction` (the simulation binaries pass the run's --rho), or
   `DEFAULT_BYZANTINE_FRACTION` = 0.25 if that is None. Other aggregators ignore
   `assumed_byzantine_fraction`.
@@ -164,7 +166,10 @@ def aggregator_from_name(
     kwargs['assumed_byzantine_fraction'] = assumed_byzantine_fraction
   factory = AGGREGATORS[base](**kwargs)
   for wrapper in reversed(wrappers):
-    factory = WRAPPERS[wrapper](factory, **(wrapper_args or {}).get(wrapper, {}))
+    args = (wrapper_args or {}).get(wrapper, {})
+    if wrapper in _WRAPPERS_TAKING_ASSUMED_FRACTION:
+      args = _with_assumed_byzantine(args, assumed_byzantine_fraction)
+    factory = WRAPPERS[wrapper](factory, **args)
   return nonfinite.NonfiniteFilteringFactory(factory)
 
 

@@ -3,8 +3,8 @@ r"""The robustness leaderboard: every aggregator × every attack, ranked by wors
   python -m tasks.binaries.leaderboard --model=linear   # → runs/leaderboard/emnist_linear
   python -m tasks.binaries.leaderboard --model=cnn
 
-A sweep (`tasks.simulation.sweep`) of every aggregator, plain and behind the bucketing
-and NNM pre-aggregation wrappers, each with and without worker momentum (β = 0.9),
+A sweep (`tasks.simulation.sweep`) of every aggregator, plain and behind the bucketing,
+NNM and ARC pre-aggregation wrappers, each with and without worker momentum (β = 0.9),
 under every update attack and label flipping at ρ ∈ {0.1, 0.25}, 3 seeds, on bundled
 MNIST. Written to the output directory, next to the sweep's own tables and plots:
 
@@ -37,14 +37,17 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 # Every aggregator of the registry; bucketing in front of those it can help (not the
 # mean, which bucketing leaves unchanged); NNM in front of the gathering baselines it
-# mixes for.
+# mixes for; ARC in front of the mean and of the secure-compatible ones.
 _BASES = ['mean', 'gm', 'one_step_gm', 'gamma_mean', 'gma', 'median', 'trimmed_mean',
-          'krum', 'multi_krum', 'norm_clipping', 'centered_clipping']
+          'krum', 'multi_krum', 'norm_clipping', 'centered_clipping',
+          'secure_centered_clipping']
 _BUCKETED = ['gm', 'one_step_gm', 'median', 'trimmed_mean', 'krum', 'multi_krum',
-             'centered_clipping']
+             'centered_clipping', 'secure_centered_clipping']
 _MIXED = ['median', 'trimmed_mean', 'krum', 'multi_krum', 'centered_clipping']
+_CLIPPED = ['mean', 'gm', 'median', 'krum']
 DEFAULT_AGGREGATORS = (_BASES + [f'bucketing+{name}' for name in _BUCKETED] +
-                       [f'nnm+{name}' for name in _MIXED])
+                       [f'nnm+{name}' for name in _MIXED] +
+                       [f'arc+{name}' for name in _CLIPPED])
 # Every update attack but the non-finite ones (the filter in front of every
 # aggregator drops those clients whatever the aggregator), and the label flip.
 DEFAULT_ATTACKS = [name for name in attacks.UPDATE_ATTACKS

@@ -205,3 +205,50 @@ class KrumByNameTest(parameterized.TestCase):
 
 if __name__ == '__main__':
   tf.test.main()
+
+
+class WrappersByNameTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      # f = floor(0.25 * 10) = 2 → ARC clips k = floor(2f(n - f)/n) = 3 updates.
+      ('default', {}, 3),
+      # f = floor(0.1 * 10) = 1 → k = floor(1.8) = 1.
+      ('run_rho', dict(assumed_byzantine_fraction=0.1), 1),
+      # The wrapper's own argument wins: f = 0 clips nothing.
+      ('explicit', dict(wrapper_args={'arc': dict(num_byzantine=0)},
+                        assumed_byzantine_fraction=0.1), 0),
+  )
+  def test_arc_takes_the_assumed_fraction(self, kwargs, expected_clipped):
+    # Distinct norms, so exactly the k largest are clipped.
+    x = np.random.default_rng(5).normal(size=(10, cases.DIMENSION))
+    x *= np.arange(1.0, 11.0)[:, None]
+    proc = cases.process(('arc_by_name', expected_clipped),
+                         lambda: registry.aggregator_from_name('arc+mean', **kwargs))
+    _, output = cases.run(proc, x, np.ones(10))
+    self.assertEqual(_find(output.measurements, 'num_clipped'), expected_clipped)
+
+  def test_nnm_without_arguments_assumes_a_quarter(self):
+    x = np.random.default_rng(6).normal(size=(8, cases.DIMENSION))
+    x[:2] += 30.0
+    by_default = cases.process(('nnm_by_name',),
+                               lambda: registry.aggregator_from_name('nnm+median'))
+    explicit = cases.process(('nnm_by_name', 0.25), lambda: registry.aggregator_from_name(
+        'nnm+median', wrapper_args={'nnm': dict(byzantine_fraction=0.25)}))
+    other = cases.process(('nnm_by_name', 0), lambda: registry.aggregator_from_name(
+        'nnm+median', wrapper_args={'nnm': dict(num_byzantine=0)}))
+    result, _ = cases.run(by_default, x, np.ones(8))
+    np.testing.assert_allclose(result, cases.run(explicit, x, np.ones(8))[0], rtol=1e-6)
+    # f matters here, so the match above is not vacuous.
+    self.assertGreater(np.abs(result - cases.run(other, x, np.ones(8))[0]).max(), 1e-3)
+
+
+def _find(measurements, key):
+  """The value of `key` anywhere in nested measurements."""
+  if key in measurements:
+    return measurements[key]
+  for value in measurements.values():
+    if hasattr(value, 'keys'):
+      found = _find(value, key)
+      if found is not None:
+        return found
+  return None
