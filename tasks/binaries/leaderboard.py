@@ -28,7 +28,6 @@ from absl import app
 from absl import flags
 
 from tasks.binaries import flag_groups
-from tasks.simulation import attacks
 from tasks.simulation import leaderboard
 from tasks.simulation import sweep
 from tff_robust import runtime
@@ -36,31 +35,13 @@ from tff_robust import runtime
 FLAGS = flags.FLAGS
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Every aggregator of the registry; bucketing in front of those it can help (not the
-# mean, which bucketing leaves unchanged); NNM in front of the gathering baselines it
-# mixes for; ARC in front of the mean and of the secure-compatible ones.
-_BASES = ['mean', 'gm', 'one_step_gm', 'gamma_mean', 'gma', 'median', 'trimmed_mean',
-          'krum', 'multi_krum', 'norm_clipping', 'centered_clipping',
-          'secure_centered_clipping']
-_BUCKETED = ['gm', 'one_step_gm', 'median', 'trimmed_mean', 'krum', 'multi_krum',
-             'centered_clipping', 'secure_centered_clipping']
-_MIXED = ['median', 'trimmed_mean', 'krum', 'multi_krum', 'centered_clipping']
-_CLIPPED = ['mean', 'gm', 'median', 'krum']
-DEFAULT_AGGREGATORS = (_BASES + [f'bucketing+{name}' for name in _BUCKETED] +
-                       [f'nnm+{name}' for name in _MIXED] +
-                       [f'arc+{name}' for name in _CLIPPED])
-# Every update attack but the non-finite ones (the filter in front of every
-# aggregator drops those clients whatever the aggregator), and the label flip.
-DEFAULT_ATTACKS = [name for name in attacks.UPDATE_ATTACKS
-                   if name not in ('nan', 'inf')] + ['label_flip']
-
 flag_groups.define_task_flags(task='emnist', model='linear', data_source='bundled',
                               local_epochs=1, batch_size=10)
 flag_groups.define_training_flags(sweep=True, rounds=30, clients_per_round=10,
                                   client_learning_rate=0.1, eval_period=10,
                                   tensorboard=False, worker_momenta=['0', '0.9'])
 flag_groups.define_sweep_flags(
-    aggregators=DEFAULT_AGGREGATORS, attacks=DEFAULT_ATTACKS,
+    aggregators=leaderboard.DEFAULT_AGGREGATORS, attacks=leaderboard.DEFAULT_ATTACKS,
     rhos=['0', '0.1', '0.25'], seeds=['0', '1', '2'], output_dir='')
 flags.DEFINE_string('results_dir', os.path.join(_REPO, 'results'), 'Where to also '
                     'write leaderboard_<task>_<model>.md and .png; empty to skip.')

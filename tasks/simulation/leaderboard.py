@@ -15,11 +15,28 @@ matplotlib.use('Agg')  # Files only; no display on a server.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from tasks.simulation import attacks
 from tasks.simulation import sweep
 
 # The README section the leaderboard binary rewrites.
 README_BEGIN = '<!-- leaderboard:begin -->'
 README_END = '<!-- leaderboard:end -->'
+
+# Every aggregator of the registry; bucketing and NNM in front of the gathering
+# baselines (the only ones they wrap: both transform the gathered updates); ARC, which
+# wraps any factory, in front of the mean, GM, median and Krum.
+_BASES = ['mean', 'gm', 'one_step_gm', 'gamma_mean', 'gma', 'median', 'trimmed_mean',
+          'krum', 'multi_krum', 'norm_clipping', 'centered_clipping',
+          'secure_centered_clipping']
+_GATHERING = ['median', 'trimmed_mean', 'krum', 'multi_krum', 'centered_clipping']
+_CLIPPED = ['mean', 'gm', 'median', 'krum']
+DEFAULT_AGGREGATORS = (_BASES + [f'bucketing+{name}' for name in _GATHERING] +
+                       [f'nnm+{name}' for name in _GATHERING] +
+                       [f'arc+{name}' for name in _CLIPPED])
+# Every update attack but the non-finite ones (the filter in front of every
+# aggregator drops those clients whatever the aggregator), and the label flip.
+DEFAULT_ATTACKS = [name for name in attacks.UPDATE_ATTACKS
+                   if name not in ('nan', 'inf')] + ['label_flip']
 
 
 def worst_cases(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import tempfile
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from tasks import registry
 from tasks.simulation import leaderboard
 
 
@@ -64,6 +65,14 @@ class WorstCasesTest(parameterized.TestCase):
     path = os.path.join(tempfile.mkdtemp(), 'heatmap.png')
     leaderboard.plot_heatmap(_SUMMARY, leaderboard.worst_cases(_SUMMARY), path, 'test')
     self.assertGreater(os.path.getsize(path), 5000)
+
+
+class DefaultGridTest(parameterized.TestCase):
+
+  @parameterized.parameters(*leaderboard.DEFAULT_AGGREGATORS)
+  def test_every_default_aggregator_builds(self, name):
+    # By name alone, as the binary builds it: wrappers and f from the run's ρ.
+    registry.aggregator_from_name(name, assumed_byzantine_fraction=0.25)
 
 
 if __name__ == '__main__':
