@@ -165,15 +165,9 @@ class AdaptiveRobustClippingFactory(tff.aggregators.WeightedAggregationFactory):
     if not isinstance(inner, tff.aggregators.WeightedAggregationFactory):
       raise TypeError('arc wraps a tff.aggregators.WeightedAggregationFactory, got '
                       f'{type(inner).__name__}.')
-    if (num_byzantine is None) == (byzantine_fraction is None):
-      raise ValueError(
-          'Give arc exactly one of num_byzantine (f) and byzantine_fraction (f = '
-          f'floor(fraction * n)); got num_byzantine={num_byzantine!r}, '
-          f'byzantine_fraction={byzantine_fraction!r}.')
     self._inner = inner
-    self._num_byzantine = gather.optional_int('num_byzantine', num_byzantine)
-    self._fraction = (None if byzantine_fraction is None else gather.check_fraction(
-        'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
+    self._num_byzantine, self._fraction = gather.check_assumed_byzantine(
+        'arc', num_byzantine, byzantine_fraction)
 
   def _server_threshold(self, norms, kept):
     """(threshold, number of clients above it) from the collected norms."""

@@ -13,9 +13,10 @@ import collections
 import tensorflow as tf
 
 from baselines import gather
+from tff_robust import centered_clipping as secure_centered_clipping
 from tff_robust import iterative_mean
 
-INITIAL_POINTS = ('previous', 'mean', 'zero')
+INITIAL_POINTS = secure_centered_clipping.INITIAL_POINTS
 
 
 def clip_rows(differences, radius):
@@ -72,13 +73,9 @@ class CenteredClippingFactory(gather.GatheringAggregationFactory):
     Raises:
       ValueError: for τ <= 0, L < 1 or an unknown initial point.
     """
-    self._radius = iterative_mean.check_positive_float('clip_radius', clip_radius)
-    self._num_iterations = iterative_mean.check_positive_int(
-        'num_iterations', num_iterations)
-    if initial_point not in INITIAL_POINTS:
-      raise ValueError(
-          f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
-    self._initial_point = initial_point
+    self._radius, self._num_iterations, self._initial_point = (
+        secure_centered_clipping.check_arguments(clip_radius, num_iterations,
+                                                 initial_point))
 
   def _initial_state(self, dtype, size):
     if self._initial_point == 'previous':

@@ -311,6 +311,22 @@ def weighted_average_rows(values, weights) -> tf.Tensor:
   return tf.cast(average, values.dtype)
 
 
+def check_assumed_byzantine(wrapper: str, num_byzantine, byzantine_fraction):
+  """(f, ρ) of a wrapper told exactly one of f and ρ ∈ [0, 0.5), validated.
+
+  Raises:
+    ValueError: if neither or both are given, or one is out of range.
+  """
+  if (num_byzantine is None) == (byzantine_fraction is None):
+    raise ValueError(
+        f'Give {wrapper} exactly one of num_byzantine (f) and byzantine_fraction (f = '
+        f'floor(fraction * n)); got num_byzantine={num_byzantine!r}, '
+        f'byzantine_fraction={byzantine_fraction!r}.')
+  return (optional_int('num_byzantine', num_byzantine),
+          None if byzantine_fraction is None else check_fraction(
+              'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
+
+
 def optional_int(name: str, value) -> Optional[int]:
   if value is None:
     return None

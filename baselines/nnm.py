@@ -91,15 +91,9 @@ class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
           'nnm wraps the gathering baselines (median, trimmed_mean, krum, multi_krum, '
           f'centered_clipping), which see the individual updates; got '
           f'{type(inner).__name__}.')
-    if (num_byzantine is None) == (byzantine_fraction is None):
-      raise ValueError(
-          'Give nnm exactly one of num_byzantine (f) and byzantine_fraction (f = '
-          f'floor(fraction * n)); got num_byzantine={num_byzantine!r}, '
-          f'byzantine_fraction={byzantine_fraction!r}.')
     self._inner = inner
-    self._num_byzantine = gather.optional_int('num_byzantine', num_byzantine)
-    self._fraction = (None if byzantine_fraction is None else gather.check_fraction(
-        'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
+    self._num_byzantine, self._fraction = gather.check_assumed_byzantine(
+        'nnm', num_byzantine, byzantine_fraction)
 
   inner = property(lambda self: self._inner, doc='The aggregator of the mixed updates.')
 

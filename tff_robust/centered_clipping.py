@@ -21,6 +21,21 @@ from tff_robust import iterative_mean
 from tff_robust import numerics
 
 INITIAL_POINTS = ('previous', 'mean', 'zero')
+
+
+def check_arguments(clip_radius, num_iterations, initial_point):
+  """(τ, L, initial point) of centered clipping, validated; shared with the gathering
+  baseline `baselines.centered_clipping`.
+
+  Raises:
+    ValueError: for τ <= 0, L < 1 or an initial point not in `INITIAL_POINTS`.
+  """
+  if initial_point not in INITIAL_POINTS:
+    raise ValueError(
+        f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
+  return (iterative_mean.check_positive_float('clip_radius', clip_radius),
+          iterative_mean.check_positive_int('num_iterations', num_iterations),
+          initial_point)
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
@@ -124,13 +139,8 @@ class SecureCenteredClippingFactory(tff.aggregators.WeightedAggregationFactory):
       ValueError: for τ <= 0, L < 1 or an unknown initial point.
       TypeError: if `inner_mean_factory` is not a weighted aggregation factory.
     """
-    self._radius = iterative_mean.check_positive_float('clip_radius', clip_radius)
-    self._num_iterations = iterative_mean.check_positive_int(
-        'num_iterations', num_iterations)
-    if initial_point not in INITIAL_POINTS:
-      raise ValueError(
-          f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
-    self._initial_point = initial_point
+    self._radius, self._num_iterations, self._initial_point = check_arguments(
+        clip_radius, num_iterations, initial_point)
     self._inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
 
   @property
