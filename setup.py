@@ -43,7 +43,7 @@ setuptools.setup(
             'scattertext==0.2.2',
             'pyarrow==17.0.0',
         ],
-        'test': ['pytest~=8.3'],
+        'test': ['pytest~=8.3', 'pytest-xdist~=3.8'],
     },
     entry_points={
         'console_scripts': [

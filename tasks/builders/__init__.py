@@ -31,7 +31,7 @@ def build_task(task: str, model: str, source: str = 'synthetic',
 
   Args:
     task: 'emnist', 'shakespeare' or 'sent140'.
-    model: emnist: 'linear' | 'cnn'; shakespeare: 'lstm'; sent140: 'linear'.
+    model: emnist: 'linear' | 'cnn' | 'small_cnn'; shakespeare: 'lstm'; sent140: 'linear'.
     source: 'tff' (emnist, shakespeare), 'leaf' | 'csv' (sent140), 'bundled',
       'synthetic'. See each task module's docstring.
     data_dir: Directory of the source's files ('tff': TFF's cache_dir).

@@ -25,7 +25,9 @@ from tasks.builders import data_utils
 from tasks.builders import models
 from tasks.builders import task as task_lib
 
-MODELS = ('linear', 'cnn')
+MODELS = ('linear', 'cnn', 'small_cnn')
+_MODEL_BUILDERS = {'linear': 'emnist_linear', 'cnn': 'emnist_cnn',
+                   'small_cnn': 'emnist_small_cnn'}
 SOURCES = ('tff', 'bundled', 'synthetic')
 DEFAULT_CLIENT_SPEC = task_lib.ClientSpec(num_epochs=5, batch_size=50)
 
@@ -172,7 +174,7 @@ def build(model: str, source: str = 'synthetic', data_dir: Optional[str] = None,
     num_classes = 62
   else:
     raise ValueError(f'Unknown EMNIST source {source!r}; known: {", ".join(SOURCES)}.')
-  model_builder = models.emnist_linear if model == 'linear' else models.emnist_cnn
+  model_builder = getattr(models, _MODEL_BUILDERS[model])
   return builder_utils.make_task(
       f'emnist_{model}', functools.partial(model_builder, num_classes), train, test,
       DATA_ATTACKS, client_spec or DEFAULT_CLIENT_SPEC, num_clients, seed)

@@ -300,7 +300,7 @@ class ApiTest(parameterized.TestCase, tf.test.TestCase):
 
   def test_known_tasks_and_unknown_names(self):
     known = builders.known_tasks()
-    self.assertEqual(known['emnist']['models'], ('linear', 'cnn'))
+    self.assertEqual(known['emnist']['models'], ('linear', 'cnn', 'small_cnn'))
     self.assertIn('csv', known['sent140']['sources'])
     with self.assertRaisesRegex(ValueError, 'known: emnist, shakespeare, sent140'):
       builders.build_task('cifar', 'linear')

@@ -40,6 +40,7 @@ class BundledRfaTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ('emnist_linear', 'emnist', 'linear', 2, 3, 20),
       ('emnist_cnn', 'emnist', 'cnn', 1, 2, 6),
+      ('emnist_small_cnn', 'emnist', 'small_cnn', 1, 2, 6),
       ('shakespeare_lstm', 'shakespeare', 'lstm', 2, 3, 20),
       ('sent140_linear', 'sent140', 'linear', 2, 3, 20),
   )
