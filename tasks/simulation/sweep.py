@@ -142,9 +142,11 @@ def run_dir(output_dir: str, run: Run) -> str:
 
 
 def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
-              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> None:
-  """Runs (or resumes) every run of `spec` on `task`, sequentially, in-process."""
+              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> int:
+  """Runs (or resumes) every run of `spec` on `task`, sequentially, in-process;
+  returns how many runs it trained (finished ones are skipped)."""
   runs = spec.runs()
+  trained = 0
   for index, run in enumerate(runs, start=1):
     directory = run_dir(output_dir, run)
     label = f'[{index}/{len(runs)}] {run.name}'
@@ -154,6 +156,7 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     if experiment.finished_rounds(directory) >= spec.rounds:
       log(f'{label}: finished, skipped.')
       continue
+    trained += 1
     factory = registry.aggregator_from_name(
         run.aggregator, assumed_byzantine_fraction=run.rho,
         **spec.aggregator_args.get(run.aggregator, {}))
@@ -177,6 +180,7 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
       log(f'{label}: {e}')
       with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:
         f.write(str(e) + '\n')
+  return trained
 
 
 def _client_work_config(spec: SweepSpec) -> dict[str, Any]:
@@ -273,7 +277,7 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def plot_accuracy_vs_rho(summary, spec: SweepSpec, path: str) -> None:
+def plot_accuracy_vs_rho(summary, spec: SweepSpec, path: str, title: str = '') -> None:
   """Final accuracy vs ρ, one panel per attack, min–max error band over seeds."""
   fig, axes = plt.subplots(1, len(spec.attacks), figsize=(5 * len(spec.attacks), 4),
                            squeeze=False, sharey=True)
@@ -292,6 +296,8 @@ def plot_accuracy_vs_rho(summary, spec: SweepSpec, path: str) -> None:
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel('final test accuracy')
   axes[0][-1].legend(fontsize='small')
+  if title:
+    fig.suptitle(f'{title}: mean and min–max over seeds {_seed_list(spec)}')
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -308,7 +314,7 @@ def _curves(output_dir, spec, variant, attack, rho, x_column):
 
 
 def plot_curves(output_dir: str, spec: SweepSpec, attack: str, rho: float,
-                path: str) -> None:
+                path: str, title: str = '') -> None:
   """Accuracy vs rounds and vs cumulative secure-average calls (paper Figure 4)."""
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for ax, (x_column, label) in zip(axes, [
@@ -329,21 +335,34 @@ def plot_curves(output_dir: str, spec: SweepSpec, attack: str, rho: float,
     ax.grid(alpha=0.3)
   axes[0].set_ylabel('test accuracy')
   axes[1].legend(fontsize='small')
-  fig.suptitle('no corruption' if rho == 0 else f'{attack} corruption, ρ = {rho:g}')
+  setting = 'no corruption' if rho == 0 else f'{attack} corruption, ρ = {rho:g}'
+  fig.suptitle(f'{title}: {setting}' if title else setting)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
 
-def write_report(spec: SweepSpec, output_dir: str) -> str:
-  """Summary table (csv, md) and plots; returns the markdown table."""
+def _seed_list(spec: SweepSpec) -> str:
+  return ','.join(str(seed) for seed in spec.seeds)
+
+
+def write_report(spec: SweepSpec, output_dir: str, title: str = '') -> str:
+  """Summary table (csv, md) and plots (titled `title`, e.g. the task, when given);
+  returns the markdown table."""
   summary = summarize(spec, output_dir)
   markdown = write_summary(summary, output_dir)
-  plot_accuracy_vs_rho(summary, spec, os.path.join(output_dir, 'accuracy_vs_rho.png'))
+  plot_accuracy_vs_rho(summary, spec, os.path.join(output_dir, 'accuracy_vs_rho.png'),
+                       title)
   for attack, rho in spec.cells():
     plot_curves(output_dir, spec, attack if rho else spec.attacks[0], rho,
-                os.path.join(output_dir, f'curves_{attack}_rho{rho:g}.png'))
+                os.path.join(output_dir, f'curves_{attack}_rho{rho:g}.png'), title)
   return markdown
+
+
+def report_files(spec: SweepSpec) -> list[str]:
+  """The names of the files `write_report` writes in the output directory."""
+  return (['summary.csv', 'summary.md', 'accuracy_vs_rho.png'] +
+          [f'curves_{attack}_rho{rho:g}.png' for attack, rho in spec.cells()])
 
 
 README_BEGIN = '<!-- main_job:begin -->'
