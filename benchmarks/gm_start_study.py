@@ -12,7 +12,7 @@ defaults) from each `--starts` entry:
 
 under each `--attacks` entry at each `--rhos` level and the clean run (ρ = 0), for
 every `--seeds` entry, and prints the final clean test accuracy (%) as
-"mean (min..max)" over seeds, each start's worst case over the attacked cells, and the
+"mean [min, max]" over seeds, each start's worst case over the attacked cells, and the
 choice: the start with the best worst case among those whose clean accuracy is within
 `--clean_margin` points of the best clean one.
 
@@ -67,18 +67,6 @@ def spec_for_start(start: str) -> sweep.SweepSpec:
   return spec
 
 
-def cell_text(row) -> str:
-  if row is None or math.isnan(row['final_accuracy_mean']):
-    return 'n/a'
-  text = f'{100 * row["final_accuracy_mean"]:.1f}'
-  if row['num_seeds'] > 1:
-    text += (f' ({100 * row["final_accuracy_min"]:.1f}..'
-             f'{100 * row["final_accuracy_max"]:.1f})')
-  if row['num_diverged']:
-    text += f' [{row["num_diverged"]} diverged]'
-  return text
-
-
 def study_table(summaries: dict, clean_margin: float) -> tuple[str, str]:
   """(markdown table, decision) from {start: sweep summary rows}."""
   any_rows = next(iter(summaries.values()))
@@ -93,8 +81,8 @@ def study_table(summaries: dict, clean_margin: float) -> tuple[str, str]:
   for start, rows in summaries.items():
     by_cell = {('none', 0.0) if r['rho'] == 0 else (r['attack'], r['rho']): r
                for r in rows}
-    cells = [cell_text(by_cell.get(('none', 0.0)))] if has_clean else []
-    cells += [cell_text(by_cell.get(cell)) for cell in attacked]
+    cells = [sweep.cell_text(by_cell.get(('none', 0.0)))] if has_clean else []
+    cells += [sweep.cell_text(by_cell.get(cell)) for cell in attacked]
     means = [by_cell[c]['final_accuracy_mean'] for c in attacked if c in by_cell]
     worst[start] = 100 * min(means) if means else math.nan
     clean[start] = (100 * by_cell[('none', 0.0)]['final_accuracy_mean']
@@ -119,11 +107,8 @@ def _decision(clean: dict, worst: dict, clean_margin: float) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   started = time.time()
-  flag_groups.quiet_logs()
-  task = flag_groups.task_from_flags(FLAGS.data_seed)
+  task, _ = flag_groups.start_sweep_binary(argv)
   summaries = {}
   with runtime.worker_binaries_stopped():
     for start in _STARTS.value:
@@ -137,7 +122,7 @@ def main(argv):
   page = (f'GM (3 passes) by initial_point: {FLAGS.task}-{FLAGS.model} '
           f'({FLAGS.data_source}), {FLAGS.rounds} rounds, {FLAGS.clients_per_round} '
           f'clients/round, seeds {seeds}. Final clean test accuracy (%), mean '
-          f'(min..max) over seeds; worst case: the lowest mean over attacked cells.\n\n'
+          f'[min, max] over seeds; worst case: the lowest mean over attacked cells.\n\n'
           + table + '\n' + decision + '\n')
   with open(os.path.join(FLAGS.output_dir, 'study.md'), 'w') as f:
     f.write(page)

@@ -14,6 +14,7 @@ import ast
 import math
 from typing import Any, Optional, Sequence
 
+from absl import app
 from absl import flags
 from absl import logging
 import tensorflow as tf
@@ -375,6 +376,16 @@ def _valid_momenta(values) -> bool:
     return bool(values) and all(0.0 <= float(v) < 1.0 for v in values)
   except ValueError:
     return False
+
+
+def start_sweep_binary(argv: Sequence[str]) -> tuple[builders.Task, sweep.SweepSpec]:
+  """The opening of every sweep binary: refuses positional arguments, quiets the
+  logs, and returns the task (partitioned with --data_seed) and the sweep of the
+  flags."""
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  quiet_logs()
+  return task_from_flags(FLAGS.data_seed), sweep_spec_from_flags()
 
 
 def sweep_spec_from_flags() -> sweep.SweepSpec:

@@ -78,12 +78,8 @@ def _page(table: str, spec: sweep.SweepSpec, seconds: float) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   start = time.time()
-  flag_groups.quiet_logs()
-  task = flag_groups.task_from_flags(FLAGS.data_seed)
-  spec = flag_groups.sweep_spec_from_flags()
+  task, spec = flag_groups.start_sweep_binary(argv)
   output_dir = _output_dir()
   with runtime.worker_binaries_stopped():
     sweep.run_sweep(task, spec, output_dir, progress=FLAGS.progress)

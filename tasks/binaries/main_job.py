@@ -25,7 +25,6 @@ import os
 import sys
 import time
 
-from absl import app
 from absl import flags
 
 from tasks.binaries import exit_status
@@ -70,12 +69,8 @@ def _results_page(table: str, seconds: float) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   start = time.time()
-  flag_groups.quiet_logs()
-  task = flag_groups.task_from_flags(FLAGS.data_seed)
-  spec = flag_groups.sweep_spec_from_flags()
+  task, spec = flag_groups.start_sweep_binary(argv)
   sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress)
   table = sweep.write_report(spec, FLAGS.output_dir)
   elapsed = time.time() - start

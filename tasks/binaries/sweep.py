@@ -16,7 +16,6 @@ import shutil
 import sys
 import time
 
-from absl import app
 from absl import flags
 
 from tasks.binaries import exit_status
@@ -63,12 +62,8 @@ def copy_results(spec: sweep.SweepSpec, page: str, results_dir: str) -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   start = time.time()
-  flag_groups.quiet_logs()
-  task = flag_groups.task_from_flags(FLAGS.data_seed)
-  spec = flag_groups.sweep_spec_from_flags()
+  task, spec = flag_groups.start_sweep_binary(argv)
   trained = sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress)
   table = sweep.write_report(spec, FLAGS.output_dir, title=_title())
   if FLAGS.results_dir:

@@ -27,7 +27,7 @@ import dataclasses
 import math
 import os
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import matplotlib
 matplotlib.use('Agg')  # Files only; no display on a server.
@@ -246,8 +246,10 @@ def write_summary(summary: list[dict[str, Any]], output_dir: str) -> str:
   return markdown
 
 
-def _cell(row) -> str:
-  if math.isnan(row['final_accuracy_mean']):
+def cell_text(row: Optional[Mapping[str, Any]]) -> str:
+  """A summary row as a table cell: "mean [min, max]" in %, "(k diverged)" when
+  some seeds diverged; "n/a" for a missing or unfinished cell."""
+  if row is None or math.isnan(row['final_accuracy_mean']):
     return 'n/a'
   text = f'{100 * row["final_accuracy_mean"]:.1f}'
   if row['num_seeds'] > 1:
@@ -272,7 +274,7 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
   lines = ['| ' + ' | '.join(header) + ' |',
            '|' + '|'.join(['---'] + ['---:'] * len(columns)) + '|']
   for aggregator in aggregators:
-    cells = [_cell(lookup[(aggregator, attack, rho)]) for attack, rho in columns]
+    cells = [cell_text(lookup[(aggregator, attack, rho)]) for attack, rho in columns]
     lines.append('| ' + ' | '.join([aggregator] + cells) + ' |')
   return '\n'.join(lines) + '\n'
 
