@@ -17,40 +17,33 @@ def emnist_linear(num_classes: int = 62) -> tf.keras.Model:
   ])
 
 
-def emnist_cnn(num_classes: int = 62) -> tf.keras.Model:
-  """The paper's ConvNet: conv32 5×5, pool, conv64 5×5, pool, FC 2048, FC classes.
-
-  'same' padding as in the LEAF / FedAvg ConvNet the paper cites, so the hidden layer
-  sees 7×7×64 features.
-  """
+def _emnist_convnet(filters: tuple[int, int], hidden: int,
+                    num_classes: int) -> tf.keras.Model:
+  """conv 5×5, pool, conv 5×5, pool, FC `hidden`, FC classes; 'same' padding as in
+  the LEAF / FedAvg ConvNet the paper cites, so the hidden layer sees 7×7 maps."""
   return tf.keras.Sequential([
       tf.keras.layers.InputLayer(input_shape=EMNIST_SHAPE),
       tf.keras.layers.Reshape(EMNIST_SHAPE + (1,)),
-      tf.keras.layers.Conv2D(32, 5, padding='same', activation='relu'),
+      tf.keras.layers.Conv2D(filters[0], 5, padding='same', activation='relu'),
       tf.keras.layers.MaxPool2D(2, strides=2),
-      tf.keras.layers.Conv2D(64, 5, padding='same', activation='relu'),
+      tf.keras.layers.Conv2D(filters[1], 5, padding='same', activation='relu'),
       tf.keras.layers.MaxPool2D(2, strides=2),
       tf.keras.layers.Flatten(),
-      tf.keras.layers.Dense(2048, activation='relu'),
+      tf.keras.layers.Dense(hidden, activation='relu'),
       tf.keras.layers.Dense(num_classes),
   ])
+
+
+def emnist_cnn(num_classes: int = 62) -> tf.keras.Model:
+  """The paper's ConvNet: conv32 5×5, pool, conv64 5×5, pool, FC 2048, FC classes."""
+  return _emnist_convnet((32, 64), 2048, num_classes)
 
 
 def emnist_small_cnn(num_classes: int = 62) -> tf.keras.Model:
-  """The ConvNet's shape at a size that runs here: conv16 5×5, pool, conv32 5×5, pool,
-  FC 128, FC classes (0.2M parameters instead of 6.6M; the 2048-unit hidden layer is
-  what makes the paper's ConvNet take ~20 s a round on 2 CPU cores)."""
-  return tf.keras.Sequential([
-      tf.keras.layers.InputLayer(input_shape=EMNIST_SHAPE),
-      tf.keras.layers.Reshape(EMNIST_SHAPE + (1,)),
-      tf.keras.layers.Conv2D(16, 5, padding='same', activation='relu'),
-      tf.keras.layers.MaxPool2D(2, strides=2),
-      tf.keras.layers.Conv2D(32, 5, padding='same', activation='relu'),
-      tf.keras.layers.MaxPool2D(2, strides=2),
-      tf.keras.layers.Flatten(),
-      tf.keras.layers.Dense(128, activation='relu'),
-      tf.keras.layers.Dense(num_classes),
-  ])
+  """The ConvNet's shape at a size that runs here: conv16, conv32, FC 128 (0.2M
+  parameters instead of 6.6M; the 2048-unit hidden layer is what makes the paper's
+  ConvNet take ~20 s a round on 2 CPU cores)."""
+  return _emnist_convnet((16, 32), 128, num_classes)
 
 
 def shakespeare_lstm(embedding_dim: int = 8) -> tf.keras.Model:
