@@ -28,6 +28,7 @@ file, the problem and the fix.
 
 import asyncio
 import collections
+import contextlib
 import csv
 import dataclasses
 import json
@@ -272,6 +273,21 @@ def _checked_metrics(path: str, finished: int) -> _MetricsFile:
   return _MetricsFile(path, None, '')
 
 
+@contextlib.contextmanager
+def _written(path: str, round_num: int):
+  """Turns a failed write of round `round_num`'s outputs (disk full, a file system
+  gone read-only) into a RunFileError: every earlier round stays checkpointed."""
+  try:
+    yield
+  except (OSError, tf.errors.OpError) as e:
+    path = getattr(e, 'filename', None) or path
+    reason = getattr(e, 'strerror', None) or getattr(e, 'message', None) or str(e)
+    raise RunFileError(
+        path, f'could not be written in round {round_num} ({reason.splitlines()[0]})',
+        'Free disk space or make it writable, then rerun the same command: it '
+        f'resumes at round {round_num}, every earlier one is checkpointed') from e
+
+
 def _check_tensorboard_dir(path: str) -> None:
   """Raises a RunFileError if `path` cannot hold TensorBoard event files."""
   fix = (f'Move it away (the run writes TensorBoard summaries there), or pass '
@@ -388,11 +404,11 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
   _remove_leftovers(checkpoints_dir, log)
   _remove_leftovers(output_dir, log)
 
-  releasers = [tff.program.CSVFileReleaseManager(
+  releasers = {metrics_path: tff.program.CSVFileReleaseManager(
       metrics_path, save_mode=tff.program.CSVSaveMode.WRITE,
-      key_fieldname=ROUND_COLUMN)]
+      key_fieldname=ROUND_COLUMN)}
   if tensorboard:
-    releasers.append(tff.program.TensorBoardReleaseManager(tensorboard_dir))
+    releasers[tensorboard_dir] = tff.program.TensorBoardReleaseManager(tensorboard_dir)
   start = resumption.version
   if start:
     logging.info('Resuming %s after round %d.', output_dir, start - 1)
@@ -412,8 +428,9 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
         row.update(simulation.evaluate(state))
         bar.set_postfix(acc=f'{row["test_accuracy"]:.3f}',
                         loss=f'{row["train_loss"]:.3f}')
-      for releaser in releasers:
-        _run(releaser.release(row, key=round_num))
+      for path, releaser in releasers.items():
+        with _written(path, round_num):
+          _run(releaser.release(row, key=round_num))
       if not finite:
         raise NonFiniteStateError(
             f'Round {round_num} produced a non-finite model (train_loss='
@@ -421,7 +438,8 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
             f'in {output_dir} and the metrics of round {round_num} are in '
             f'{METRICS_FILE} for diagnosis. Lower the client learning rate or choose a '
             'robust aggregator.')
-      _run(state_manager.save(_checkpoint(state, cumulative), round_num + 1))
+      with _written(checkpoints_dir, round_num):
+        _run(state_manager.save(_checkpoint(state, cumulative), round_num + 1))
       bar.update(1)
   finally:
     bar.close()

@@ -3,6 +3,7 @@ checkpoint, repair of a cut-off metrics row, and a RunFileError (leaving every f
 found) for what cannot be resumed around."""
 
 import csv
+import errno
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ from unittest import mock
 from absl.testing import absltest
 from absl.testing import parameterized
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tasks import builders
 from tasks import registry
@@ -157,6 +159,36 @@ class ExperimentFilesTest(parameterized.TestCase):
         _run(self.simulation, directory, _ROUNDS)
     with open(metrics, 'rb') as f:
       self.assertEqual(f.read(), before)
+    _run(self.simulation, directory, _ROUNDS)
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  @parameterized.named_parameters(
+      ('metrics_disk_full', tff.program.CSVFileReleaseManager, 'release',
+       OSError(errno.ENOSPC, 'No space left on device', 'metrics.csv_temp'),
+       'metrics.csv_temp', 'No space left on device'),
+      ('tensorboard_read_only', tff.program.TensorBoardReleaseManager, 'release',
+       tf.errors.PermissionDeniedError(None, None, 'events file: read-only\ndetails'),
+       'tensorboard', 'events file: read-only'),
+      ('checkpoint_disk_full', tff.program.FileProgramStateManager, 'save',
+       OSError(errno.ENOSPC, 'No space left on device'), 'checkpoints',
+       'No space left on device'))
+  def test_a_write_failing_mid_run_is_named_and_the_rerun_resumes(
+      self, manager, method, error, path, reason):
+    directory = self._copy_of_finished_run()
+    original = getattr(manager, method)
+
+    async def fail_in_round_3(self, value, key=None, *args):
+      if (key if key is not None else args[0]) in (_FINISHED, _FINISHED + 1):
+        raise error
+      return await original(self, value, key, *args)
+
+    with mock.patch.object(manager, method, fail_in_round_3):
+      with self.assertRaisesRegex(
+          experiment.RunFileError,
+          f'{path}: could not be written in round 3 \\({reason}\\)\\. .* resumes at '
+          'round 3') as raised:
+        _run(self.simulation, directory, _ROUNDS)
+    self.assertNotIn('\n', str(raised.exception))
     _run(self.simulation, directory, _ROUNDS)
     self._assert_equals_the_uninterrupted_run(directory)
 
