@@ -48,7 +48,7 @@ def mix(values, num_byzantine):
     return tf.cast(tf.linalg.matmul(mixing_matrix(values, num_byzantine),
                                     tf.cast(values, tf.float64)), values.dtype)
 
-  # No client of weight > 0: nothing to mix (tf.map_fn cannot stack an empty result).
+  # No client of weight > 0: nothing to mix.
   return tf.cond(tf.shape(values)[0] > 0, mixed, lambda: values)
 
 
