@@ -32,9 +32,9 @@ def squared_distances_to(values, center, block: int = gather.COLUMN_BLOCK):
   size = values.shape[1]
   total = tf.zeros(tf.shape(values)[:1], tf.float64)
   for start in range(0, size, block):
-    columns = tf.cast(values[:, start:start + block], tf.float64)
     # Sequential blocks: in parallel their temporaries would add up to the matrix's.
     with tf.control_dependencies([total]):
+      columns = tf.cast(values[:, start:start + block], tf.float64)
       total = total + tf.reduce_sum(
           tf.math.squared_difference(columns, center[start:start + block]), axis=1)
   return total
