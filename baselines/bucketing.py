@@ -64,7 +64,8 @@ class BucketingFactory(gather.GatheringAggregationFactory):
     """Initializes the factory.
 
     Args:
-      inner: A gathering baseline (median, trimmed mean, Krum, centered clipping).
+      inner: A gathering baseline (median, trimmed mean, Krum, centered clipping,
+        the gathered geometric median).
       bucket_size: s >= 1, clients per bucket (1: the inner aggregator alone).
       seed: Seeds the per-round shuffles.
 
@@ -75,8 +76,9 @@ class BucketingFactory(gather.GatheringAggregationFactory):
     if not isinstance(inner, gather.GatheringAggregationFactory):
       raise TypeError(
           'bucketing wraps the gathering baselines (median, trimmed_mean, krum, '
-          'multi_krum, centered_clipping), which see the individual updates; got '
-          f'{type(inner).__name__}.')
+          'multi_krum, centered_clipping, gathered_gm), which see the individual '
+          f'updates; got {type(inner).__name__}. By name, bucketing+gm uses '
+          'gathered_gm.')
     self._inner = inner
     self._bucket_size = iterative_mean.check_positive_int('bucket_size', bucket_size)
     self._seed = int(seed)

@@ -13,20 +13,47 @@ import tensorflow as tf
 from baselines import gather
 
 
-def pairwise_squared_distances(values):
+# Pair differences per block of columns (float64 values): P·b ≈ 2^18 (2 MiB per
+# temporary) stays in cache. Larger blocks are slower (cache), smaller ones pay the
+# loop's per-iteration overhead (`benchmarks/aggregator_memory_time.py`).
+PAIR_BLOCK_VALUES = 1 << 18
+
+
+def pairwise_squared_distances(values, block_values: int = PAIR_BLOCK_VALUES):
   """‖x_i − x_j‖² for all pairs, from the differences themselves, in float64.
 
   Not through the Gram matrix ‖x_i‖² + ‖x_j‖² − 2⟨x_i, x_j⟩: once one client is far
   away (1e10 among N(0, 1) clients), centring puts the mean near it and the honest
   clients' distances cancel away in float64 rounding; Krum then picks an arbitrary
   honest client. In float64 the difference and square of float32 values never
-  overflow or underflow, so every distance is exact to float64 rounding. Costs
-  n²·p operations, as the Gram matrix, one row at a time.
+  overflow or underflow, so every distance is exact to float64 rounding.
+
+  Column-blocked: for a block of b columns (b = `block_values` / P, P = n(n − 1)/2
+  pairs) the squared differences of every pair i < j are summed into P float64
+  accumulators, block after block. Each pair is computed once (half of all ordered
+  pairs) while its block is in cache; the matrix is never copied whole (no float64
+  copy), so memory is the n·p input plus O(`block_values`). Costs n²·p/2 operations.
   """
-  x = tf.cast(values, tf.float64)
-  return tf.map_fn(
-      lambda row: tf.reduce_sum(tf.math.squared_difference(x, row), axis=1), x,
+  n = tf.shape(values)[0]
+  size = tf.shape(values)[1]
+  rows, columns = tf.meshgrid(tf.range(n), tf.range(n), indexing='ij')
+  upper = rows < columns
+  first, second = tf.boolean_mask(rows, upper), tf.boolean_mask(columns, upper)
+  num_pairs = tf.shape(first)[0]
+  block = tf.maximum(1, block_values // tf.maximum(num_pairs, 1))
+
+  def add_block(start, sums):
+    block_columns = tf.cast(values[:, start:start + block], tf.float64)
+    return start + block, sums + tf.reduce_sum(tf.math.squared_difference(
+        tf.gather(block_columns, first), tf.gather(block_columns, second)), axis=1)
+
+  _, sums = tf.while_loop(
+      lambda start, _: start < size, add_block,
+      (tf.constant(0), tf.zeros([num_pairs], tf.float64)),
+      # One block at a time: in parallel their temporaries would add up.
       parallel_iterations=1)
+  upper_triangle = tf.scatter_nd(tf.stack([first, second], axis=1), sums, [n, n])
+  return upper_triangle + tf.transpose(upper_triangle)
 
 
 def krum_scores(values, num_byzantine):

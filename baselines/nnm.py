@@ -48,7 +48,7 @@ def mix(values, num_byzantine):
     return tf.cast(tf.linalg.matmul(mixing_matrix(values, num_byzantine),
                                     tf.cast(values, tf.float64)), values.dtype)
 
-  # No client of weight > 0: nothing to mix (tf.map_fn cannot stack an empty result).
+  # No client of weight > 0: nothing to mix.
   return tf.cond(tf.shape(values)[0] > 0, mixed, lambda: values)
 
 
@@ -76,7 +76,8 @@ class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
     """Initializes the factory.
 
     Args:
-      inner: A gathering baseline (median, trimmed mean, Krum, centered clipping).
+      inner: A gathering baseline (median, trimmed mean, Krum, centered clipping,
+        the gathered geometric median).
       num_byzantine: f >= 0, the assumed number of corrupted clients per round.
       byzantine_fraction: alternatively ρ in [0, 0.5): f = ⌊ρ·n⌋. Exactly one of the
         two must be given.
@@ -89,8 +90,8 @@ class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
     if not isinstance(inner, gather.GatheringAggregationFactory):
       raise TypeError(
           'nnm wraps the gathering baselines (median, trimmed_mean, krum, multi_krum, '
-          f'centered_clipping), which see the individual updates; got '
-          f'{type(inner).__name__}.')
+          'centered_clipping, gathered_gm), which see the individual updates; got '
+          f'{type(inner).__name__}. By name, nnm+gm uses gathered_gm.')
     self._inner = inner
     self._num_byzantine, self._fraction = gather.check_assumed_byzantine(
         'nnm', num_byzantine, byzantine_fraction)

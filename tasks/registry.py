@@ -32,6 +32,7 @@ from baselines import arc
 from baselines import bucketing
 from baselines import centered_clipping
 from baselines import coordinatewise
+from baselines import geometric_median as gathered_geometric_median
 from baselines import krum
 from baselines import nnm
 from baselines import wrappers
@@ -85,6 +86,7 @@ def _gamma_mean_diagonal(**kwargs):
 AGGREGATORS: dict[str, Builder] = {
     'mean': wrappers.mean_factory,
     'gm': geometric_median.GeometricMedianFactory,
+    'gathered_gm': gathered_geometric_median.GatheredGeometricMedianFactory,
     'one_step_gm': geometric_median.one_step_geometric_median_factory,
     'gamma_mean': gamma_mean.GammaMeanFactory,
     'gamma_mean_diagonal': _gamma_mean_diagonal,
@@ -106,6 +108,12 @@ WRAPPERS: dict[str, Callable[..., tff.aggregators.WeightedAggregationFactory]] =
     'arc': arc.AdaptiveRobustClippingFactory,
 }
 SEPARATOR = '+'
+
+# Bucketing and NNM transform the gathered updates, so they wrap gathering baselines
+# only: in front of them a secure-compatible name means its gathering twin (same
+# arguments, same result), e.g. 'bucketing+gm' is bucketing around 'gathered_gm'.
+_GATHERING_WRAPPERS = ('bucketing', 'nnm')
+_GATHERED_TWINS = {'gm': 'gathered_gm'}
 
 
 def known_aggregators() -> tuple[str, ...]:
@@ -144,6 +152,11 @@ def aggregator_from_name(
   aggregator's constructor arguments; 'multi_krum' defaults `num_selected` to n − f)
   and wrapped by the wrappers the name lists, with `wrapper_args`.
 
+  Directly inside 'bucketing' or 'nnm', which wrap gathering baselines only, 'gm'
+  means 'gathered_gm' (`baselines.geometric_median`: the same smoothed Weiszfeld
+  passes and arguments, computed at the server on the gathered updates), so
+  'bucketing+gm' gathers the updates and is not secure-aggregation compatible.
+
   'krum', 'multi_krum' and the wrappers 'nnm' and 'arc' need f, the assumed number
   of corrupted clients: without `num_byzantine` or `byzantine_fraction` (for a
   wrapper, in its `wrapper_args`) it is ⌊ρ·n⌋ for the n clients of a round,
@@ -162,6 +175,8 @@ def aggregator_from_name(
       the aggregator.
   """
   wrappers, base = split_name(name)
+  if wrappers and wrappers[-1] in _GATHERING_WRAPPERS:
+    base = _GATHERED_TWINS.get(base, base)
   if base in _TAKE_ASSUMED_FRACTION:
     kwargs['assumed_byzantine_fraction'] = assumed_byzantine_fraction
   factory = AGGREGATORS[base](**kwargs)

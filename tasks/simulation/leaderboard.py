@@ -22,13 +22,14 @@ from tasks.simulation import sweep
 README_BEGIN = '<!-- leaderboard:begin -->'
 README_END = '<!-- leaderboard:end -->'
 
-# Every aggregator of the registry; bucketing and NNM in front of the gathering
-# baselines (the only ones they wrap: both transform the gathered updates); ARC, which
-# wraps any factory, in front of the mean, GM, median and Krum.
+# Every aggregator of the registry ('gathered_gm' computes what 'gm' does); bucketing
+# and NNM in front of the gathering baselines (the only ones they wrap: both transform
+# the gathered updates; 'gm' there is the registry's gathering 'gathered_gm'); ARC,
+# which wraps any factory, in front of the mean, GM, median and Krum.
 _BASES = ['mean', 'gm', 'one_step_gm', 'gamma_mean', 'gma', 'median', 'trimmed_mean',
           'krum', 'multi_krum', 'norm_clipping', 'centered_clipping',
           'secure_centered_clipping']
-_GATHERING = ['median', 'trimmed_mean', 'krum', 'multi_krum', 'centered_clipping']
+_GATHERING = ['median', 'trimmed_mean', 'krum', 'multi_krum', 'centered_clipping', 'gm']
 _CLIPPED = ['mean', 'gm', 'median', 'krum']
 DEFAULT_AGGREGATORS = (_BASES + [f'bucketing+{name}' for name in _GATHERING] +
                        [f'nnm+{name}' for name in _GATHERING] +

@@ -159,5 +159,38 @@ class InvalidArgumentsTest(parameterized.TestCase):
       cases.run(proc, cases.random_inputs(), cases.equal_weights())
 
 
+def np_pairwise_squared_distances(x):
+  x = np.asarray(x, np.float64)
+  return np.array([[np.sum((xi - xj) ** 2) for xj in x] for xi in x])
+
+
+class PairwiseSquaredDistancesTest(parameterized.TestCase):
+  """Krum's and NNM's column-blocked distances against the plain double loop."""
+
+  @parameterized.product(
+      # Blocks of 1 column, of a few columns not dividing p, and wider than p.
+      block_values=[1, 100, 1 << 18],
+      inputs=['random', 'huge_outlier', 'far_1e10', 'far_3e38', 'duplicated'])
+  def test_matches_the_double_loop(self, block_values, inputs):
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(7, 23)).astype(np.float32)
+    if inputs == 'huge_outlier':
+      x[3, 4] = 1e6
+    elif inputs == 'far_1e10':
+      # Honest distances ~1 beside one client 1e10 away: exact from the differences.
+      x[0] = 1e10
+    elif inputs == 'far_3e38':
+      x[2] = 3e38
+    elif inputs == 'duplicated':
+      x[1] = x[4] = x[0]
+    actual = krum.pairwise_squared_distances(tf.constant(x), block_values).numpy()
+    np.testing.assert_allclose(actual, np_pairwise_squared_distances(x), rtol=1e-12)
+
+  @parameterized.parameters(0, 1)
+  def test_no_pairs(self, num_rows):
+    actual = krum.pairwise_squared_distances(tf.zeros([num_rows, 5])).numpy()
+    np.testing.assert_array_equal(actual, np.zeros([num_rows, num_rows]))
+
+
 if __name__ == '__main__':
   tf.test.main()

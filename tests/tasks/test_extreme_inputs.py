@@ -134,6 +134,7 @@ def np_centered_clipping(x, a, tau=1.0, iterations=3):
 REFERENCES = dict(
     mean=({}, np_mean),
     gm=(dict(num_communication_passes=GM_PASSES, tolerance=0.0), np_gm),
+    gathered_gm=(dict(num_communication_passes=GM_PASSES, tolerance=0.0), np_gm),
     one_step_gm=({}, np_one_step_gm),
     gamma_mean=({}, np_gamma_mean),
     gamma_mean_diagonal=({}, np_gamma_mean_diagonal),

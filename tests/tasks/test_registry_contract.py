@@ -39,6 +39,8 @@ FACTORIES = collections.OrderedDict(
              'bucketing+krum', num_byzantine=0)),
          ('nnm+median', lambda: registry.aggregator_from_name(
              'nnm+median', wrapper_args={'nnm': {'num_byzantine': 1}})),
+         # 'gm' inside bucketing is the gathering 'gathered_gm'.
+         ('bucketing+gm', lambda: registry.aggregator_from_name('bucketing+gm')),
          ('dp_mean', lambda: tff_robust.DifferentiallyPrivateWeightedMeanFactory(
              noise_multiplier=0.0, clip=1e6)),
          ('float32_mean', iterative_mean.Float32MeanFactory),

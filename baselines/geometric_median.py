@@ -1,0 +1,200 @@
+"""The smoothed Weiszfeld geometric median (RFA, Pillutla et al., Algorithm 2) computed
+at the server on the gathered client updates.
+
+It is the algorithm of `tff_robust.GeometricMedianFactory` (same ν, passes, starts and
+freezing rule, the same answer to float32 rounding), run on the `[n, p]` matrix of
+`baselines.gather` instead of through R calls of a secure mean. It exists so that
+the pre-aggregation wrappers that transform the gathered updates (bucketing, NNM)
+can wrap a geometric median: `tasks.registry` resolves 'bucketing+gm' and 'nnm+gm'
+to this factory. It gathers every client's update at the server: NOT compatible with
+secure aggregation (use `tff_robust.GeometricMedianFactory` for that).
+"""
+
+import collections
+from typing import Optional
+
+import tensorflow as tf
+
+from baselines import gather
+from tff_robust import geometric_median
+from tff_robust import iterative_mean
+
+INITIAL_POINTS = geometric_median.INITIAL_POINTS
+
+
+def squared_distances_to(values, center, block: int = gather.COLUMN_BLOCK):
+  """‖x_i − v‖² (float64 `[n]`) for every row x_i of `values`, v a float64 `[p]`.
+
+  Accumulated over blocks of columns: the float64 differences of one block at a
+  time, not a float64 copy of the whole matrix. Squares of float32 differences never
+  overflow float64.
+  """
+  size = values.shape[1]
+  total = tf.zeros(tf.shape(values)[:1], tf.float64)
+  for start in range(0, size, block):
+    # Sequential blocks: in parallel their temporaries would add up to the matrix's.
+    with tf.control_dependencies([total]):
+      columns = tf.cast(values[:, start:start + block], tf.float64)
+      total = total + tf.reduce_sum(
+          tf.math.squared_difference(columns, center[start:start + block]), axis=1)
+  return total
+
+
+def weighted_average(values, weights):
+  """Σ w_i x_i / Σ w_i in float64 (`[p]`), zeros if the weights sum to zero; by
+  column blocks, so no float64 copy of the matrix is made."""
+  total = tf.reduce_sum(weights)
+  return gather.by_column_blocks(
+      lambda columns: tf.math.divide_no_nan(
+          tf.linalg.matvec(tf.cast(columns, tf.float64), weights, transpose_a=True),
+          total), values)
+
+
+def weiszfeld_weights(alphas, distances, nu):
+  """β_i = α_i / max(ν, ‖x_i − v‖) (float64)."""
+  return alphas / tf.maximum(distances, nu)
+
+
+class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
+  """Geometric median of the gathered client updates by the smoothed Weiszfeld
+  algorithm (RFA, Algorithm 2), computed at the server in float64.
+
+  With weights α_i and v⁽⁰⁾ the start, pass r computes β_i = α_i / max(ν, ‖v − x_i‖)
+  at the current estimate v and the proposal v⁺ = Σ β_i x_i / Σ β_i. Pass 1 starts
+  from the zero update (`initial_point='zero'`, default), is the weighted mean
+  (`'mean'`, the paper's start) or starts from the previous round's result (kept in
+  the state, `'previous'`). Passes 2..R freeze the estimate once the relative
+  gradient ‖v⁺ − v‖ · Σβ / Σα (the pass that reveals it is applied) is at most
+  `tolerance` (`tolerance=0`: every pass applied). These are exactly the semantics of
+  `tff_robust.GeometricMedianFactory`, which computes the same passes through a
+  secure mean; see its docstring for why this stopping rule.
+
+  NOT compatible with secure aggregation: every client's update reaches the server.
+  Use it where the updates are gathered anyway: inside bucketing or nearest-neighbour
+  mixing ('bucketing+gm', 'nnm+gm' by name).
+
+  The created process's `next` has type signature
+  `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, result=value@SERVER,
+  measurements@SERVER>)`; the state is the flattened previous result (a float vector,
+  zeros at first) for 'previous' and `<>` otherwise. Measurements:
+  *   `num_clients`: clients used (weight > 0; wrap the factory in
+      `tff_robust.NonfiniteFilteringFactory`, as `tasks.registry` does, to give a
+      client with a NaN or an infinity weight 0);
+  *   `objective`: float64 vector of length R, g_ν(v) = Σ α_i ‖v − x_i‖_(ν) at the
+      estimate of passes 2..R and at the result;
+  *   `relative_gradient`: float64 vector of length R − 1, the stopping criterion at
+      the estimate of passes 2..R;
+  *   `num_passes_applied`, `frozen_at_pass` (0 if never frozen);
+  *   `max_effective_weight`: max over passes and clients of β_i / Σβ.
+  With no client of weight > 0 the result is zero.
+  """
+
+  def __init__(self,
+               num_communication_passes: int = 3,
+               nu: Optional[float] = None,
+               tolerance: Optional[float] = None,
+               initial_point: str = 'zero'):
+    """Initializes the factory.
+
+    Args:
+      num_communication_passes: R >= 1, the number of Weiszfeld passes (named as in
+        `tff_robust.GeometricMedianFactory`, where each pass is one secure mean).
+      nu: ν > 0, the smoothing floor on distances; None means 1e-6.
+      tolerance: the freezing threshold on the relative gradient, in [0, 1); None
+        means 1e-6. As in `tff_robust.GeometricMedianFactory`, a positive
+        `tolerance` without `nu` raises (the original TFF RFA's `tolerance` is ν).
+      initial_point: 'zero', 'mean' or 'previous'.
+
+    Raises:
+      ValueError: if R < 1, ν <= 0, `tolerance` is not in [0, 1) or comes without
+        `nu`, or `initial_point` is unknown.
+    """
+    self._num_passes = iterative_mean.check_positive_int(
+        'num_communication_passes', num_communication_passes)
+    geometric_median.check_tolerance_meaning(nu, tolerance)
+    nu = geometric_median.DEFAULT_NU if nu is None else nu
+    tolerance = geometric_median.DEFAULT_TOLERANCE if tolerance is None else tolerance
+    self._nu = iterative_mean.check_positive_float('nu', nu)
+    if (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
+        or not 0 <= tolerance < 1):
+      raise ValueError(f'tolerance must be a number in [0, 1), got {tolerance!r}.')
+    self._tolerance = float(tolerance)
+    if initial_point not in INITIAL_POINTS:
+      raise ValueError(
+          f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
+    self._initial_point = initial_point
+
+  def _initial_state(self, dtype, size):
+    if self._initial_point == 'previous':
+      return tf.zeros([size], dtype)
+    return ()
+
+  def _start(self, values, state):
+    """v⁽⁰⁾ (float64), or None for the mean start (pass 1 with β = α)."""
+    if self._initial_point == 'previous':
+      return tf.cast(state, tf.float64)
+    if self._initial_point == 'zero':
+      return tf.zeros(tf.shape(values)[1:], tf.float64)
+    return None
+
+  def _pass(self, values, alphas, center):
+    """One Weiszfeld pass from `center`: (proposal, Σβ, g_ν(center), max β/Σβ)."""
+    distances = tf.sqrt(squared_distances_to(values, center))
+    betas = weiszfeld_weights(alphas, distances, self._nu)
+    beta_sum = tf.reduce_sum(betas)
+    objective = tf.reduce_sum(alphas * geometric_median.smoothed_norm(distances,
+                                                                      self._nu))
+    return (weighted_average(values, betas), beta_sum, objective,
+            _max_share(betas, beta_sum))
+
+  def _server_aggregate(self, values, weights, state):
+    alphas = tf.cast(weights, tf.float64)
+    alpha_sum = tf.reduce_sum(alphas)
+    start = self._start(values, state)
+    if start is None:
+      center = weighted_average(values, alphas)
+      max_shares = [_max_share(alphas, alpha_sum)]
+    else:
+      center, _, _, max_share = self._pass(values, alphas, start)
+      max_shares = [max_share]
+    frozen, frozen_at, passes = tf.constant(False), tf.constant(0), tf.constant(1)
+    objectives, relative_gradients = [], []
+    for this_pass in range(2, self._num_passes + 1):
+      proposal, beta_sum, objective, max_share = self._pass(values, alphas, center)
+      relative_gradient = tf.math.divide_no_nan(
+          tf.norm(proposal - center) * beta_sum, alpha_sum)
+      # As the secure factory: tolerance 0 never freezes, and the pass revealing
+      # convergence is itself applied.
+      converged = tf.logical_and(self._tolerance > 0,
+                                 relative_gradient <= self._tolerance)
+      center = tf.where(frozen, center, proposal)
+      passes += tf.cast(tf.logical_not(frozen), tf.int32)
+      frozen_at = tf.where(tf.logical_and(tf.logical_not(frozen), converged),
+                           this_pass, frozen_at)
+      frozen = tf.logical_or(frozen, converged)
+      objectives.append(objective)
+      relative_gradients.append(relative_gradient)
+      max_shares.append(max_share)
+    distances = tf.sqrt(squared_distances_to(values, center))
+    objectives.append(tf.reduce_sum(
+        alphas * geometric_median.smoothed_norm(distances, self._nu)))
+    result = tf.cast(center, values.dtype)
+    new_state = result if self._initial_point == 'previous' else state
+    return result, new_state, collections.OrderedDict(
+        objective=tf.stack(objectives),
+        relative_gradient=_vector(relative_gradients),
+        num_passes_applied=passes,
+        frozen_at_pass=frozen_at,
+        max_effective_weight=tf.reduce_max(tf.stack(max_shares)))
+
+
+def _max_share(betas, beta_sum):
+  # 0 for an empty round: reduce_max of nothing is -inf.
+  return tf.cast(tf.math.divide_no_nan(
+      tf.reduce_max(tf.concat([betas, tf.zeros([1], betas.dtype)], axis=0)), beta_sum),
+      tf.float32)
+
+
+def _vector(scalars):
+  # One-pass GM (R = 1) has no relative gradient: an empty vector.
+  return tf.stack(scalars) if scalars else tf.zeros([0], tf.float64)
