@@ -1,5 +1,6 @@
 """Assembles a `Task` from a model constructor and train/test client data."""
 
+import dataclasses
 from typing import Callable, Mapping, Optional
 
 import tensorflow as tf
@@ -40,3 +41,26 @@ def make_task(name: str, keras_model_fn: Callable[[], tf.keras.Model],
       client_weights={c: float(train_data.num_examples(c)) for c in client_ids},
       client_spec=client_spec or task_lib.ClientSpec(),
       data_attacks=dict(data_attacks))
+
+
+def validation_task(task: task_lib.Task, validation_fraction: float,
+                    seed: int) -> task_lib.Task:
+  """`task` with a per-client validation split carved out of its TRAINING data.
+
+  Every client's training examples are split at random (by `seed`): the validation
+  part becomes the returned task's `test_data` and the rest its `train_data` (α_i
+  recomputed), so hyperparameters tuned on it never see the real held-out test data.
+  A client keeps at least one training example; one with a single example has no
+  validation data.
+  """
+  if not 0.0 < validation_fraction < 1.0:
+    raise ValueError(f'validation_fraction must be in (0, 1), got {validation_fraction!r}.')
+  train, validation = data_utils.split_clients(
+      {c: task.train_data.arrays(c) for c in task.train_data.client_ids},
+      1.0 - validation_fraction, seed)
+  element_spec = task.train_data.element_type_structure
+  return dataclasses.replace(
+      task, train_data=data_utils.from_client_arrays(train, element_spec),
+      test_data=data_utils.from_client_arrays(
+          {c: xy for c, xy in validation.items() if len(xy[1])}, element_spec),
+      client_weights={c: float(len(xy[1])) for c, xy in train.items()})

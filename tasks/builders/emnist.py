@@ -10,6 +10,10 @@ Sources:
     Dirichlet(`BUNDLED_CONCENTRATION` = 0.5), with draws repeated until every client has
     at least `BUNDLED_MIN_EXAMPLES` = 10 images; then 80% of each client's images train
     and 20% test. Pixels are scaled to [0, 1] (ink = 1); 10 classes.
+    `bundled_num_clients` and `bundled_concentration` (source options of `build`)
+    deal the same digits to fewer, larger clients, e.g. 25 clients of ~200 images for
+    personalization, which needs enough data per client; the defaults give the
+    100-client partition above, unchanged.
   * `synthetic`: random images, 62 classes, for smoke tests.
 """
 
@@ -35,6 +39,9 @@ BUNDLED_NUM_CLIENTS = 100
 BUNDLED_CONCENTRATION = 0.5
 BUNDLED_MIN_EXAMPLES = 10
 BUNDLED_TRAIN_FRACTION = 0.8
+# The Dirichlet draws rarely give every one of many clients 10 digits; beyond this the
+# retries would be hopeless.
+_MAX_BUNDLED_CLIENTS = 250
 _PIXELS = 28 * 28
 TFF_URL = 'https://storage.googleapis.com/tff-datasets-public/emnist_all.sqlite.lzma'
 ELEMENT_SPEC = (tf.TensorSpec(models.EMNIST_SHAPE, tf.float32),
@@ -108,6 +115,14 @@ def dirichlet_label_skew(labels: np.ndarray, num_clients: int, concentration: fl
 def bundled_client_data(seed: int = 0, num_clients: int = BUNDLED_NUM_CLIENTS,
                         concentration: float = BUNDLED_CONCENTRATION):
   """Train and test `ArrayClientData` of the bundled digits (see module docstring)."""
+  if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or (
+      not 1 <= num_clients <= _MAX_BUNDLED_CLIENTS):
+    raise ValueError(f'bundled_num_clients must be an integer in [1, '
+                     f'{_MAX_BUNDLED_CLIENTS}] (each client needs '
+                     f'{BUNDLED_MIN_EXAMPLES} of the 5,000 digits), got {num_clients!r}.')
+  if not concentration > 0 or not np.isfinite(concentration):
+    raise ValueError('bundled_concentration must be a positive, finite Dirichlet '
+                     f'concentration, got {concentration!r}.')
   images, labels = load_mnist_5k()
   parts = dirichlet_label_skew(labels, num_clients, concentration,
                                BUNDLED_MIN_EXAMPLES, seed)
@@ -159,15 +174,25 @@ def synthetic_client_data(seed: int = 0, num_clients: int = 8, num_classes: int 
 def build(model: str, source: str = 'synthetic', data_dir: Optional[str] = None,
           client_spec: Optional[task_lib.ClientSpec] = None,
           num_clients: Optional[int] = None, seed: int = 0,
-          only_digits: bool = False) -> task_lib.Task:
-  """The EMNIST task with `model` in `MODELS` on `source` in `SOURCES`."""
+          only_digits: bool = False,
+          bundled_num_clients: int = BUNDLED_NUM_CLIENTS,
+          bundled_concentration: float = BUNDLED_CONCENTRATION) -> task_lib.Task:
+  """The EMNIST task with `model` in `MODELS` on `source` in `SOURCES`.
+
+  `bundled_num_clients` and `bundled_concentration` partition the bundled digits (see
+  the module docstring); `num_clients` then samples from those clients.
+  """
   if model not in MODELS:
     raise ValueError(f'Unknown EMNIST model {model!r}; known: {", ".join(MODELS)}.')
+  if source != 'bundled' and (bundled_num_clients != BUNDLED_NUM_CLIENTS or
+                              bundled_concentration != BUNDLED_CONCENTRATION):
+    raise ValueError('bundled_num_clients and bundled_concentration partition the '
+                     f"'bundled' source only, not {source!r}.")
   if source == 'tff':
     train, test = tff_client_data(data_dir, only_digits)
     num_classes = 10 if only_digits else 62
   elif source == 'bundled':
-    train, test = bundled_client_data(seed)
+    train, test = bundled_client_data(seed, bundled_num_clients, bundled_concentration)
     num_classes = 10
   elif source == 'synthetic':
     train, test = synthetic_client_data(seed)

