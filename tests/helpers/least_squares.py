@@ -5,6 +5,8 @@ Plain SGD over fixed, unshuffled batches (full batches in the client tests) make
 TensorFlow implementations and these references follow the same trajectory.
 """
 
+import collections
+
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -132,4 +134,40 @@ def assert_weights_close(test, actual, expected, atol=1e-5):
   for a, e in zip(actual, expected):
     np.testing.assert_allclose(a, e, atol=atol, rtol=1e-5)
 
+
+def one_round_with_a_huge_client(aggregator, seed):
+  """One round of `build_weighted_fed_avg` with `model_aggregator=aggregator` on five
+  clients of 6 examples, one (c2) with labels ×100 (a huge update).
+
+  Returns (the model it trained, the plain-numpy updates of the clients as rows,
+  the start, the round's aggregator measurements); the model must move from the
+  start by the aggregate of those rows.
+  """
+  rng = np.random.default_rng(seed)
+  clients = collections.OrderedDict()
+  for i in range(5):
+    x = rng.normal(size=(6, DIM)).astype(np.float32)
+    y = x @ rng.normal(size=(DIM, 1)) + 0.3 * i
+    clients[f'c{i}'] = (x, (y * (100.0 if i == 2 else 1.0)).astype(np.float32))
+  task = least_squares_task(clients)
+  start = random_params(rng)
+  process = tff.learning.algorithms.build_weighted_fed_avg(
+      task.model_fn, tff.learning.optimizers.build_sgdm(LEARNING_RATE),
+      model_aggregator=aggregator)
+  state = process.set_model_weights(
+      process.initialize(),
+      tff.learning.models.ModelWeights(trainable=start, non_trainable=[]))
+  output = process.next(state, [full_batch(x, y) for x, y in clients.values()])
+  deltas = []
+  for x, y in clients.values():
+    local = gradient_descent(start, batches(x, y), LEARNING_RATE)
+    deltas.append(np.concatenate([np.ravel(p - s) for p, s in zip(local, start)]))
+  return (process.get_model_weights(output.state).trainable, np.stack(deltas), start,
+          output.metrics['aggregator'])
+
+
+def assert_moved_by(test, trained, start, update, atol=1e-4):
+  """`trained` is `start` moved by the flat `update` (θ then b)."""
+  assert_weights_close(test, trained, [start[0] + update[:DIM, np.newaxis],
+                                       start[1] + update[DIM:]], atol=atol)
 
