@@ -3,7 +3,6 @@ against plain numpy: every update clipped to the (k+1)-th largest norm,
 k = ⌊2f(n − f)/n⌋, then the inner rule; what the server learns (one norm per client,
 by the compiled-computation walk); by name; inside TFF's FedAvg builder."""
 
-
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf

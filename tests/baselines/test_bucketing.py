@@ -2,7 +2,6 @@
 numpy: shuffle, weighted bucket means, then the inner rule on the buckets; bucketing(gm)
 inside TFF's FedAvg builder."""
 
-
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
