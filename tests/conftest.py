@@ -1,8 +1,14 @@
 """Test-suite wide set-up: quiet TensorFlow, and no worker_binary left behind."""
 
 import os
+import signal
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+# A test process started with SIGINT ignored (a background job of a script, some
+# pytest-xdist launches) passes that to the worker_binary children TFF starts, and TFF
+# stops its local worker with SIGINT and waits for it: switching execution contexts
+# would then wait forever. Children of a handled SIGINT get the default action.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # pylint: disable=g-import-not-at-top
 
