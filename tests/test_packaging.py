@@ -79,6 +79,32 @@ def test_no_binary_imports_another_binary():
   assert not wrong
 
 
+def _defines_flags_on_import(path: pathlib.Path) -> bool:
+  """Whether a module-level statement of `path` defines absl flags."""
+  for node in ast.parse(path.read_text(encoding='utf-8')).body:
+    for call in ast.walk(node):
+      if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and
+          isinstance(call.func.value, ast.Name) and
+          (call.func.value.id, call.func.attr[:6]) in (('flags', 'DEFINE'),
+                                                       ('flag_groups', 'define'))):
+        return True
+  return False
+
+
+def test_flag_defining_modules_that_tests_import_can_share_a_process():
+  # pytest imports every test module in one process (per xdist worker): two modules
+  # defining the same absl flag there fail collection with DuplicateFlagError.
+  flagged = {_module(path) for layer in ('tasks', 'benchmarks')
+             for path in _ours(layer) if _defines_flags_on_import(path)}
+  assert {'tasks.binaries.train', 'benchmarks.personalization'} <= flagged
+  imported = sorted({name for path in _ours('tests') for name in _imports(path)
+                     if name in flagged})
+  result = subprocess.run(
+      [sys.executable, '-c', ''.join(f'import {name}; ' for name in imported)],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, (imported, result.stderr[-2000:])
+
+
 def test_wheel_holds_tff_robust_only(tmp_path):
   source = tmp_path / 'source'
   source.mkdir()

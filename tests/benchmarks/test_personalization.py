@@ -9,7 +9,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from benchmarks import personalization
+from benchmarks import personalization_report as report
 from tests.helpers import processes
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,11 +27,11 @@ class SummaryTest(parameterized.TestCase):
 
   def test_ditto_runs_give_the_global_line_too(self):
     self.assertEqual(
-        personalization.line_values(_run('ditto', 'gm', 0.1, 0, 0.8, 0.7)),
+        report.line_values(_run('ditto', 'gm', 0.1, 0, 0.8, 0.7)),
         {'RFA + Ditto': 80.0, 'RFA': 70.0})
     # Algorithm 4 trains the global model on residuals: not the plain FedAvg line.
     self.assertEqual(
-        personalization.line_values(_run('personalized_rfa', 'mean', 0.1, 0, 0.6)),
+        report.line_values(_run('personalized_rfa', 'mean', 0.1, 0, 0.6)),
         {'FedAvg + Alg. 4': 60.0})
 
   @parameterized.parameters(0, 1, 2)
@@ -44,19 +44,19 @@ class SummaryTest(parameterized.TestCase):
       for r, rho in enumerate(rhos):
         runs.append(_run('ditto', 'mean', rho, s, *accuracies[s, r, :2]))
         runs.append(_run('personalized_rfa', 'gm', rho, s, accuracies[s, r, 2]))
-    summary = personalization.summarize(runs)
+    summary = report.summarize(runs)
     for column, line in enumerate(('FedAvg + Ditto', 'FedAvg', 'RFA + Alg. 4')):
       for r, rho in enumerate(rhos):
         values = 100 * accuracies[:, r, column]
         np.testing.assert_allclose(summary[line][rho],
                                    (values.mean(), values.min(), values.max()))
-    self.assertEqual(personalization.line_order(summary),
+    self.assertEqual(report.line_order(summary),
                      ['FedAvg', 'FedAvg + Ditto', 'RFA + Alg. 4'])
 
   def test_markdown_puts_ours_beside_the_paper(self):
     runs = [_run('personalized_rfa', 'gm', rho, s, acc)
             for s, acc in enumerate((0.5, 0.7)) for rho in (0.0, 0.25)]
-    page = personalization.markdown(personalization.summarize(runs), {0.1: 0.8, 1.0: 0.9},
+    page = report.markdown(report.summarize(runs), {0.1: 0.8, 1.0: 0.9},
                                     1.0, 'cmd --x', 12.34, 2, 25, 0.2)
     self.assertIn('| RFA + Alg. 4 | 60.0 (50.0..70.0) | 69.9 | 60.0 (50.0..70.0) | 66.4 |',
                   page)
