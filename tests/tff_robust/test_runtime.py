@@ -137,11 +137,19 @@ def test_the_guardian_ends_with_the_block_and_leaves_the_environment_as_found():
         except OSError:  # Ended meanwhile.
           return b''
 
+      import time
+
       with runtime.worker_binaries_stopped(even_when_killed=True):
         token = os.environ[worker_guardian.ENVIRONMENT_VARIABLE].encode()
-        guardians = [int(p) for p in os.listdir('/proc') if p.isdigit()
-                     and worker_guardian.__file__.encode() in command_line(p)
-                     and token in command_line(p)]
+        # The guardian may not have exec'd yet on a busy machine: its command line is
+        # still this program's until then.
+        deadline = time.monotonic() + 60
+        guardians = []
+        while not guardians and time.monotonic() < deadline:
+          guardians = [int(p) for p in os.listdir('/proc') if p.isdigit()
+                       and worker_guardian.__file__.encode() in command_line(p)
+                       and token in command_line(p)]
+          time.sleep(0.05)
         compute()
       print('GUARDIANS', *guardians)
       print('ENVIRONMENT', worker_guardian.ENVIRONMENT_VARIABLE in os.environ)
