@@ -60,7 +60,8 @@ def run(main: Callable[[list[str]], None]) -> None:
   SIGKILL (`runtime.worker_binaries_stopped(even_when_killed=True)`), and an error of
   `ONE_LINE_ERRORS` ends it with one stderr line and its exit status. All of `main`
   runs inside: an exit that skipped the workers' stop would also print TFF's
-  finalizer traceback.
+  finalizer traceback. So does an exit on bad flags, before `main`: the stop after
+  `app.run` disarms the finalizer of the executor that importing TFF created.
   """
 
   def guarded_main(argv):
@@ -68,4 +69,7 @@ def run(main: Callable[[list[str]], None]) -> None:
       with errors_as_one_line():
         main(argv)
 
-  app.run(guarded_main)
+  try:
+    app.run(guarded_main)
+  finally:
+    runtime.stop_worker_binaries()

@@ -12,6 +12,8 @@ run's identity (`run_config()`): a resumed run must match it.
 
 import ast
 import math
+import shlex
+import sys
 from typing import Any, Optional, Sequence
 
 from absl import app
@@ -386,6 +388,14 @@ def start_sweep_binary(argv: Sequence[str]) -> tuple[builders.Task, sweep.SweepS
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   quiet_logs()
   return task_from_flags(FLAGS.data_seed), sweep_spec_from_flags()
+
+
+def quoted_command(module: str, local_flags: Sequence[str]) -> str:
+  """This run's command line as `python -m <module> ...`, shell-quoted, without the
+  flags that start with one of `local_flags` (output paths, progress bars: they do not
+  change the results a page reports)."""
+  return shlex.join(['python', '-m', module] + [
+      arg for arg in sys.argv[1:] if not arg.startswith(tuple(local_flags))])
 
 
 def sweep_spec_from_flags() -> sweep.SweepSpec:
