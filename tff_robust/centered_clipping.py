@@ -148,10 +148,77 @@ class SecureCenteredClippingFactory(tff.aggregators.WeightedAggregationFactory):
     """The inner-mean calls of every `next`."""
     return self._num_iterations + (self._initial_point == 'mean')
 
+  @property
+  def clip_radius(self) -> float:
+    return self._radius
+
+  @property
+  def num_iterations(self) -> int:
+    return self._num_iterations
+
+  @property
+  def initial_point(self) -> str:
+    return self._initial_point
+
+  @property
+  def inner_mean_factory(self) -> tff.aggregators.WeightedAggregationFactory:
+    return self._inner
+
   def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     inner = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
-    radius = self._radius
+    steps = CenteredClippingSteps(self, value_type)
+    previous = self._initial_point == 'previous'
+
+    @tff.federated_computation()
+    def init_fn():
+      state = collections.OrderedDict()
+      if previous:
+        state['previous'] = tff.federated_eval(steps.zeros, tff.SERVER)
+      state['inner'] = inner.initialize()
+      return tff.federated_zip(state)
+
+    @tff.federated_computation(
+        init_fn.type_signature.result,
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      alpha = iterative_mean.float32_weights(weight_type, weight)
+      inner_state = state['inner']
+      if previous:
+        center = state['previous']
+      elif self._initial_point == 'zero':
+        center = tff.federated_eval(steps.zeros, tff.SERVER)
+      else:
+        output = inner.next(inner_state, value, alpha)
+        inner_state, center = output.state, output.result
+      for l in range(self._num_iterations):
+        inner_state, center, inner_measurements, counts = steps.iteration(
+            inner, inner_state, center, value, alpha,
+            count_clipped=l == self._num_iterations - 1)
+      new_state = collections.OrderedDict()
+      if previous:
+        new_state['previous'] = center
+      new_state['inner'] = inner_state
+      return tff.templates.MeasuredProcessOutput(
+          state=tff.federated_zip(new_state), result=center,
+          measurements=tff.federated_zip(steps.measurements(counts, inner_measurements)))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+class CenteredClippingSteps:
+  """The federated steps of one `SecureCenteredClippingFactory` for one value type.
+
+  `SecureCenteredClippingFactory.create` chains them inside one TFF computation;
+  `tff_robust.passwise` runs each iteration as its own computation. The methods are
+  called inside a `tff.federated_computation`, values at CLIENTS, the centre at SERVER,
+  `alpha` float32 client weights.
+  """
+
+  def __init__(self, factory: SecureCenteredClippingFactory, value_type):
+    radius = factory.clip_radius
+    self._num_secure_average_calls = factory.num_secure_average_calls
     template = iterative_mean.type_template(value_type)
 
     @tff.tensorflow.computation
@@ -176,50 +243,31 @@ class SecureCenteredClippingFactory(tff.aggregators.WeightedAggregationFactory):
       return tf.math.divide_no_nan(tf.cast(num_clipped, tf.float32),
                                    tf.cast(num_clients, tf.float32))
 
-    @tff.federated_computation()
-    def init_fn():
-      state = collections.OrderedDict()
-      if self._initial_point == 'previous':
-        state['previous'] = tff.federated_eval(zeros, tff.SERVER)
-      state['inner'] = inner.initialize()
-      return tff.federated_zip(state)
+    self.zeros = zeros
+    self._clip_step, self._clip_flags = clip_step, clip_flags
+    self._advance, self._fraction = advance, fraction
 
-    @tff.federated_computation(
-        init_fn.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS))
-    def next_fn(state, value, weight):
-      alpha = iterative_mean.float32_weights(weight_type, weight)
-      inner_state = state['inner']
-      if self._initial_point == 'previous':
-        center = state['previous']
-      elif self._initial_point == 'zero':
-        center = tff.federated_eval(zeros, tff.SERVER)
-      else:
-        output = inner.next(inner_state, value, alpha)
-        inner_state, center = output.state, output.result
-      for _ in range(self._num_iterations):
-        broadcast = tff.federated_broadcast(center)
-        # Two maps, not one returning (step, flags): selecting the step out of a
-        # struct at CLIENTS would copy every client's update once more.
-        step = tff.federated_map(clip_step, (broadcast, value))
-        output = inner.next(inner_state, step, alpha)
-        inner_state = output.state
-        center = tff.federated_map(advance, (center, output.result))
-      # The last iteration's clipped clients, and the clients counted, in one sum.
-      counts = tff.federated_sum(tff.federated_map(clip_flags,
+  def iteration(self, inner, inner_state, center, value, alpha, count_clipped=True):
+    """One broadcast and one inner mean: `(inner state, next centre, the inner mean's
+    measurements, the sums (clipped clients, clients of weight > 0) at this centre, or
+    None without count_clipped)`. The aggregations are independent: both see only the
+    broadcast centre."""
+    broadcast = tff.federated_broadcast(center)
+    # Two maps, not one returning (step, flags): selecting the step out of a struct at
+    # CLIENTS would copy every client's update once more.
+    step = tff.federated_map(self._clip_step, (broadcast, value))
+    output = inner.next(inner_state, step, alpha)
+    center = tff.federated_map(self._advance, (center, output.result))
+    counts = None
+    if count_clipped:
+      counts = tff.federated_sum(tff.federated_map(self._clip_flags,
                                                    (broadcast, value, alpha)))
-      new_state = collections.OrderedDict()
-      if self._initial_point == 'previous':
-        new_state['previous'] = center
-      new_state['inner'] = inner_state
-      measurements = collections.OrderedDict(
-          num_secure_average_calls=tff.federated_value(
-              np.int32(self.num_secure_average_calls), tff.SERVER),
-          fraction_clipped=tff.federated_map(fraction, (counts[0], counts[1])),
-          inner=output.measurements)
-      return tff.templates.MeasuredProcessOutput(
-          state=tff.federated_zip(new_state), result=center,
-          measurements=tff.federated_zip(measurements))
+    return output.state, center, output.measurements, counts
 
-    return tff.templates.AggregationProcess(init_fn, next_fn)
+  def measurements(self, counts, inner_measurements) -> collections.OrderedDict:
+    """The factory's measurements from the last iteration's counts and inner ones."""
+    return collections.OrderedDict(
+        num_secure_average_calls=tff.federated_value(
+            np.int32(self._num_secure_average_calls), tff.SERVER),
+        fraction_clipped=tff.federated_map(self._fraction, (counts[0], counts[1])),
+        inner=inner_measurements)

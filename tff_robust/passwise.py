@@ -1,9 +1,9 @@
 """Iterative secure aggregates driven pass by pass, one TFF computation per pass.
 
-A geometric median (RFA) with R passes or a γ-mean with S iterations is a chain of
-secure averages, each depending on the result of the one before (the server
-broadcasts v, clients weigh themselves by their distance to v, one weighted mean gives
-the next v). As *one* TFF computation (`GeometricMedianFactory().create(...)`) that is
+A geometric median (RFA) with R passes, a γ-mean with S iterations or secure centered
+clipping with L iterations is a chain of secure averages, each depending on the result
+of the one before (the server broadcasts v, clients weigh themselves by their distance
+to v, or clip their difference to v, one weighted mean gives the next v). As *one* TFF computation (`GeometricMedianFactory().create(...)`) that is
 the drop-in form for `build_weighted_fed_avg`; but TFF's multi-worker runtime
 (`tff.backends.native.create_mergeable_comp_execution_context`, see
 `tff_robust.distributed`) only runs computations whose aggregations are independent,
@@ -31,8 +31,10 @@ their update between passes, so each pass moves one broadcast and one model-size
 partial sum per worker. A simulation that holds the updates in Python sends each
 worker its clients' updates with every pass call.
 
-Factories other than `GeometricMedianFactory` and `GammaMeanFactory` are run as their
-own single computation (FedAvg's mean, GMA, ... are mergeable as they are).
+Factories other than `GeometricMedianFactory`, `GammaMeanFactory` and
+`SecureCenteredClippingFactory` are run as their own single computation (FedAvg's
+mean, GMA, ... are mergeable as they are; the gathering baselines are not, and the
+mergeable context refuses them).
 """
 
 import collections
@@ -42,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_robust import centered_clipping
 from tff_robust import gamma_mean
 from tff_robust import geometric_median
 from tff_robust import iterative_mean
@@ -89,7 +92,10 @@ class PasswiseFactory:
   previous result in the state), R − 1 Weiszfeld passes, and, when the factory reports
   `objective`, one scalar sum for g_ν of the final estimate. For a `GammaMeanFactory`:
   the starting point (the weighted mean, or the geometric median's passes and, for the
-  diagonal covariance, one more mean) and S iterations. Either may be wrapped in
+  diagonal covariance, one more mean) and S iterations. For a
+  `SecureCenteredClippingFactory`: the mean start if it has one, then L iterations, each
+  one inner mean of the clients' clipped differences (and the clipped count, a sum of
+  0/1 flags). Each may be wrapped in
   `tff_robust.NonfiniteFilteringFactory` (as `tasks.registry` does): every pass then
   filters its clients first and the count is reported as the wrapper does. Any other
   factory runs as its own single computation.
@@ -111,12 +117,11 @@ class PasswiseFactory:
     filtered = isinstance(factory, nonfinite.NonfiniteFilteringFactory)
     if filtered:
       factory = factory.inner
-    if isinstance(factory, (gamma_mean.GammaMeanFactory,
-                            geometric_median.GeometricMedianFactory)):
+    passes_class = next((passes for factory_class, passes in _PASSES
+                         if isinstance(factory, factory_class)), None)
+    if passes_class is not None:
       iterative_mean.check_float_structure(value_type)
       clean = _client_step(value_type, weight_type, filtered)
-      passes_class = (_GammaMeanPasses if isinstance(factory, gamma_mean.GammaMeanFactory)
-                      else _GeometricMedianPasses)
       passes = passes_class(factory, value_type, weight_type, clean)
       return PasswiseProcess(passes.initialize, _reporting_count(passes.next, filtered),
                              passes.computations_per_call)
@@ -393,3 +398,82 @@ class _GammaMeanPasses:
         state=new_state, result=result, measurements=measurements), num_dropped)
 
 
+
+
+class _CenteredClippingPasses:
+  """The iterations of `SecureCenteredClippingFactory` (its own
+  `CenteredClippingSteps`) as one computation each, and their Python driver."""
+
+  def __init__(self, factory: centered_clipping.SecureCenteredClippingFactory,
+               value_type, weight_type, clean):
+    self._process = factory.create(value_type, weight_type)
+    self._num_iterations = factory.num_iterations
+    self._start = factory.initial_point
+    inner = factory.inner_mean_factory.create(value_type, iterative_mean.WEIGHT_TYPE)
+    steps = centered_clipping.CenteredClippingSteps(factory, value_type)
+    inner_state_type = inner.initialize.type_signature.result
+    server_value = tff.FederatedType(value_type, tff.SERVER)
+    client_value = tff.FederatedType(value_type, tff.CLIENTS)
+    client_weight = tff.FederatedType(weight_type, tff.CLIENTS)
+
+    @tff.federated_computation(inner_state_type, client_value, client_weight)
+    def mean_start(inner_state, value, weight):
+      value, alpha, num_dropped = clean(value, weight)
+      output = inner.next(inner_state, value, alpha)
+      return _with_dropped(collections.OrderedDict(
+          state=output.state, center=output.result, measurements=output.measurements),
+                           num_dropped)
+
+    @tff.federated_computation(inner_state_type, server_value, client_value,
+                               client_weight)
+    def iteration(inner_state, center, value, weight):
+      value, alpha, num_dropped = clean(value, weight)
+      inner_state, center, inner_measurements, counts = steps.iteration(
+          inner, inner_state, center, value, alpha)
+      return _with_dropped(collections.OrderedDict(
+          state=inner_state, center=center,
+          measurements=steps.measurements(counts, inner_measurements)), num_dropped)
+
+    # The 'zero' start's centre, computed once at the server (here).
+    self._zeros = steps.zeros() if self._start == 'zero' else None
+    self.mean_start = mean_start
+    self.iteration = iteration
+
+  @property
+  def initialize(self):
+    return self._process.initialize
+
+  @property
+  def computations_per_call(self) -> int:
+    return self._num_iterations + (self._start == 'mean')
+
+  def next(self, state, value, weight):
+    """The factory's `next`, iteration by iteration; also the first pass's non-finite
+    count."""
+    inner_state, num_dropped = state['inner'], None
+    if self._start == 'previous':
+      center = state['previous']
+    elif self._start == 'zero':
+      center = self._zeros
+    else:
+      start = self.mean_start(inner_state, value, weight)
+      inner_state, center, num_dropped = (start['state'], start['center'],
+                                          start.get('num_dropped'))
+    for _ in range(self._num_iterations):
+      step = self.iteration(inner_state, center, value, weight)
+      inner_state, center = step['state'], step['center']
+      if num_dropped is None:
+        num_dropped = step.get('num_dropped')
+    new_state = collections.OrderedDict()
+    if self._start == 'previous':
+      new_state['previous'] = center
+    new_state['inner'] = inner_state
+    return (tff.templates.MeasuredProcessOutput(new_state, center,
+                                                step['measurements']), num_dropped)
+
+
+_PASSES = (
+    (geometric_median.GeometricMedianFactory, _GeometricMedianPasses),
+    (gamma_mean.GammaMeanFactory, _GammaMeanPasses),
+    (centered_clipping.SecureCenteredClippingFactory, _CenteredClippingPasses),
+)

@@ -8,6 +8,7 @@ import tensorflow_federated as tff
 from baselines import wrappers
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import processes
+from tff_robust import centered_clipping
 from tff_robust import distributed
 from tff_robust import gamma_mean
 from tff_robust import geometric_median
@@ -36,6 +37,13 @@ FACTORIES = {
     'gamma_mean_diagonal_from_gm': _filtered(lambda: gamma_mean.GammaMeanFactory(
         gamma=0.5, covariance='diagonal', initial_point='geometric_median')),
     'gma': _filtered(gradient_masking.GradientMaskedAveragingFactory),
+    # Radius 5: the outliers are clipped, most of the others are not.
+    'secure_cclip_previous': _filtered(
+        lambda: centered_clipping.SecureCenteredClippingFactory(clip_radius=5.0)),
+    'secure_cclip_mean': _filtered(lambda: centered_clipping.SecureCenteredClippingFactory(
+        clip_radius=5.0, num_iterations=2, initial_point='mean')),
+    'secure_cclip_zero': _filtered(lambda: centered_clipping.SecureCenteredClippingFactory(
+        clip_radius=5.0, num_iterations=1, initial_point='zero')),
 }
 
 
@@ -134,10 +142,11 @@ def test_two_workers_equal_the_single_process(name, context):
       state = got.state
 
 
-def test_multi_pass_median_as_one_computation_is_refused_by_the_mergeable_context(
-    context):
+@pytest.mark.parametrize('name', ['gm', 'secure_cclip_previous'])
+def test_multi_pass_aggregate_as_one_computation_is_refused_by_the_mergeable_context(
+    name, context):
   values, weights = _clients(nonfinite=False)
-  process = cases.process(('distributed', 'gm'), FACTORIES['gm'])
+  process = cases.process(('distributed', name), FACTORIES[name])
   with tff.framework.get_context_stack().install(context):
     with pytest.raises(ValueError, match='dependent'):
       process.next(process.initialize(), values, weights)
@@ -226,4 +235,6 @@ def test_pass_counts():
       report_objective=False)).computations_per_call == 1
   assert create(FACTORIES['gma']()).computations_per_call == 1
   assert create(FACTORIES['gamma_mean']()).computations_per_call == 4  # mean + S.
+  assert create(FACTORIES['secure_cclip_previous']()).computations_per_call == 3  # L.
+  assert create(FACTORIES['secure_cclip_mean']()).computations_per_call == 3  # mean + L.
 
