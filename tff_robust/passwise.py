@@ -158,13 +158,38 @@ def _reporting_count(next_fn, filtered: bool):
   return next_with_count
 
 
+def _inner_mean(factory, value_type):
+  """The factory's inner mean process for `value_type`, and the type of its state."""
+  inner = factory.inner_mean_factory.create(value_type, iterative_mean.WEIGHT_TYPE)
+  return inner, inner.initialize.type_signature.result
+
+
+def _pass_types(value_type, weight_type):
+  """(estimate at SERVER, values at CLIENTS, weights at CLIENTS): a pass's types."""
+  return (tff.FederatedType(value_type, tff.SERVER),
+          tff.FederatedType(value_type, tff.CLIENTS),
+          tff.FederatedType(weight_type, tff.CLIENTS))
+
+
 def _with_dropped(result: collections.OrderedDict, num_dropped):
   if num_dropped is not None:
     result['num_dropped'] = num_dropped
   return result
 
 
-class _GeometricMedianPasses:
+class _Passes:
+  """A factory's passes and their driver: `initialize` is the factory process's own
+  (server-only); subclasses set `_process` and define `computations_per_call` and
+  `next(state, value, weight) → (output, first pass's non-finite count or None)`."""
+
+  _process: tff.templates.AggregationProcess
+
+  @property
+  def initialize(self):
+    return self._process.initialize
+
+
+class _GeometricMedianPasses(_Passes):
   """The passes of `GeometricMedianFactory` (its own `WeiszfeldSteps`) as one
   computation each, and their Python driver."""
 
@@ -174,12 +199,9 @@ class _GeometricMedianPasses:
     self._process = factory.create(value_type, weight_type)
     self._num_passes = factory.num_communication_passes
     self._report_objective = factory.report_objective
-    inner = factory.inner_mean_factory.create(value_type, iterative_mean.WEIGHT_TYPE)
+    inner, state_type = _inner_mean(factory, value_type)
     steps = geometric_median.WeiszfeldSteps(factory, value_type)
-    state_type = inner.initialize.type_signature.result
-    server_value = tff.FederatedType(value_type, tff.SERVER)
-    client_value = tff.FederatedType(value_type, tff.CLIENTS)
-    client_weight = tff.FederatedType(weight_type, tff.CLIENTS)
+    server_value, client_value, client_weight = _pass_types(value_type, weight_type)
     several_passes = self._num_passes > 1
     self._warm_start = steps.warm_start
     # The warm start's pass 1 takes the whole state: the inner one and its start.
@@ -229,10 +251,6 @@ class _GeometricMedianPasses:
     self.objective_pass = objective_pass
 
   @property
-  def initialize(self):
-    return self._process.initialize
-
-  @property
   def computations_per_call(self) -> int:
     return self._num_passes + int(self._report_objective)
 
@@ -267,7 +285,7 @@ class _GeometricMedianPasses:
     return output, first.get('num_dropped')
 
 
-class _GammaMeanPasses:
+class _GammaMeanPasses(_Passes):
   """The iteration computations of `GammaMeanFactory` and their Python driver.
 
   The client and server steps are the γ-mean module's own (`_SimpleSteps`,
@@ -304,8 +322,7 @@ class _GammaMeanPasses:
     else:
       self._num_calls = self._num_iterations + 1
     inner_state_type = inner.initialize.type_signature.result
-    client_value = tff.FederatedType(value_type, tff.CLIENTS)
-    client_weight = tff.FederatedType(weight_type, tff.CLIENTS)
+    _, client_value, client_weight = _pass_types(value_type, weight_type)
 
     @tff.federated_computation(inner_state_type, client_value, client_weight)
     def mean_start(inner_state, value, weight):
@@ -344,10 +361,6 @@ class _GammaMeanPasses:
     self.mean_start = mean_start
     self.after_geometric_median = after_geometric_median
     self.iteration = iteration
-
-  @property
-  def initialize(self):
-    return self._process.initialize
 
   @property
   def computations_per_call(self) -> int:
@@ -400,7 +413,7 @@ class _GammaMeanPasses:
 
 
 
-class _CenteredClippingPasses:
+class _CenteredClippingPasses(_Passes):
   """The iterations of `SecureCenteredClippingFactory` (its own
   `CenteredClippingSteps`) as one computation each, and their Python driver."""
 
@@ -409,12 +422,9 @@ class _CenteredClippingPasses:
     self._process = factory.create(value_type, weight_type)
     self._num_iterations = factory.num_iterations
     self._start = factory.initial_point
-    inner = factory.inner_mean_factory.create(value_type, iterative_mean.WEIGHT_TYPE)
+    inner, inner_state_type = _inner_mean(factory, value_type)
     steps = centered_clipping.CenteredClippingSteps(factory, value_type)
-    inner_state_type = inner.initialize.type_signature.result
-    server_value = tff.FederatedType(value_type, tff.SERVER)
-    client_value = tff.FederatedType(value_type, tff.CLIENTS)
-    client_weight = tff.FederatedType(weight_type, tff.CLIENTS)
+    server_value, client_value, client_weight = _pass_types(value_type, weight_type)
 
     @tff.federated_computation(inner_state_type, client_value, client_weight)
     def mean_start(inner_state, value, weight):
@@ -438,10 +448,6 @@ class _CenteredClippingPasses:
     self._zeros = steps.zeros() if self._start == 'zero' else None
     self.mean_start = mean_start
     self.iteration = iteration
-
-  @property
-  def initialize(self):
-    return self._process.initialize
 
   @property
   def computations_per_call(self) -> int:
