@@ -13,47 +13,123 @@ import tensorflow as tf
 from baselines import gather
 
 
-# Pair differences per block of columns (float64 values): P·b ≈ 2^18 (2 MiB per
-# temporary) stays in cache. Larger blocks are slower (cache), smaller ones pay the
-# loop's per-iteration overhead (`benchmarks/aggregator_memory_time.py`).
+# Columns per block (float64 values in the block's temporaries): ≈ 2^18 values (2 MiB)
+# stay in cache. Larger blocks are slower (cache), smaller ones pay the loop's
+# per-iteration overhead (`benchmarks/aggregator_memory_time.py`).
 PAIR_BLOCK_VALUES = 1 << 18
+# A Gram-matrix distance is kept when it is at least this fraction of ‖y_i‖² + ‖y_j‖²
+# (y = x − the centre row): float64 rounding of the inner products, at most about
+# p·2^-53·(‖y_i‖² + ‖y_j‖²) and in practice √p times less, is then a relative error
+# below float32's resolution. Smaller distances are recomputed from differences.
+GRAM_RELATIVE_FLOOR = 1e-4
 
 
-def pairwise_squared_distances(values, block_values: int = PAIR_BLOCK_VALUES):
-  """‖x_i − x_j‖² for all pairs, from the differences themselves, in float64.
+def _column_block(rows, block_values):
+  """Columns per block so that a float64 block of `rows` rows holds about
+  `block_values` values (at least 1)."""
+  return tf.maximum(1, block_values // tf.maximum(rows, 1))
 
-  Not through the Gram matrix ‖x_i‖² + ‖x_j‖² − 2⟨x_i, x_j⟩: once one client is far
-  away (1e10 among N(0, 1) clients), centring puts the mean near it and the honest
-  clients' distances cancel away in float64 rounding; Krum then picks an arbitrary
-  honest client. In float64 the difference and square of float32 values never
-  overflow or underflow, so every distance is exact to float64 rounding.
 
-  Column-blocked: for a block of b columns (b = `block_values` / P, P = n(n − 1)/2
-  pairs) the squared differences of every pair i < j are summed into P float64
-  accumulators, block after block. Each pair is computed once (half of all ordered
-  pairs) while its block is in cache; the matrix is never copied whole (no float64
-  copy), so memory is the n·p input plus O(`block_values`). Costs n²·p/2 operations.
-  """
-  n = tf.shape(values)[0]
-  size = tf.shape(values)[1]
-  rows, columns = tf.meshgrid(tf.range(n), tf.range(n), indexing='ij')
-  upper = rows < columns
-  first, second = tf.boolean_mask(rows, upper), tf.boolean_mask(columns, upper)
+def _pair_sums(values, first, second, block_values):
+  """Σ_k (x_ik − x_jk)² in float64 for the pairs (first[t], second[t]), column block by
+  column block: no float64 copy of the matrix, O(pairs · block) temporaries."""
   num_pairs = tf.shape(first)[0]
-  block = tf.maximum(1, block_values // tf.maximum(num_pairs, 1))
+  size = tf.shape(values)[1]
+  block = _column_block(tf.maximum(num_pairs, tf.shape(values)[0]), block_values)
 
   def add_block(start, sums):
     block_columns = tf.cast(values[:, start:start + block], tf.float64)
     return start + block, sums + tf.reduce_sum(tf.math.squared_difference(
         tf.gather(block_columns, first), tf.gather(block_columns, second)), axis=1)
 
+  # Without pairs, skip the loop (each block would still be cast).
   _, sums = tf.while_loop(
-      lambda start, _: start < size, add_block,
+      lambda start, _: (start < size) & (num_pairs > 0), add_block,
       (tf.constant(0), tf.zeros([num_pairs], tf.float64)),
       # One block at a time: in parallel their temporaries would add up.
       parallel_iterations=1)
-  upper_triangle = tf.scatter_nd(tf.stack([first, second], axis=1), sums, [n, n])
-  return upper_triangle + tf.transpose(upper_triangle)
+  return sums
+
+
+def _centred_gram(values, center, block_values):
+  """Y Yᵀ in float64 for Y = X − x_center (row `center`), column block by column
+  block."""
+  n, size = tf.shape(values)[0], tf.shape(values)[1]
+  block = _column_block(n, block_values)
+
+  def add_block(start, gram):
+    block_columns = tf.cast(values[:, start:start + block], tf.float64)
+    centred = block_columns - block_columns[center]
+    return start + block, gram + tf.matmul(centred, centred, transpose_b=True)
+
+  _, gram = tf.while_loop(lambda start, _: start < size, add_block,
+                          (tf.constant(0), tf.zeros([n, n], tf.float64)),
+                          parallel_iterations=1)
+  return gram
+
+
+def pairwise_squared_distances(values, block_values: int = PAIR_BLOCK_VALUES):
+  """‖x_i − x_j‖² for all pairs of rows, in float64, each within a relative
+  p·2^-53 / `GRAM_RELATIVE_FLOOR` of the exact value at worst (7e-6 for p = 6.4M; in
+  practice ~1e-12), and exact to float64 rounding when recomputed (see below).
+
+  Fast path, one matrix product: with y_i = x_i − x_c, d_ij = ‖y_i‖² + ‖y_j‖² −
+  2⟨y_i, y_j⟩ from the float64 Gram matrix of Y (n²·p multiply-adds in BLAS, column
+  block by column block, so no float64 copy of the matrix). The centre row c is the
+  one of median norm: with fewer than half of the clients corrupted its norm lies
+  between honest clients' norms, so the honest y_i stay on the honest clients' scale
+  wherever the corrupted clients are (the mean as centre would sit near a client at
+  1e10, and every honest distance would cancel away in rounding).
+
+  Exact path: a pair whose Gram distance is below `GRAM_RELATIVE_FLOOR`·(‖y_i‖² +
+  ‖y_j‖²), where cancellation could matter (e.g. two clients far from the centre and
+  close to each other), is recomputed from the differences themselves, Σ(x_ik −
+  x_jk)², which in float64 never overflows or underflows for float32 inputs. In the
+  worst case every pair takes this path: n²·p/2 operations, the old cost.
+  """
+  n = tf.shape(values)[0]
+
+  def distances():
+    center = tf.argsort(_row_squared_norms(values, block_values), stable=True)[n // 2]
+    gram = _centred_gram(values, center, block_values)
+    centred_norms = tf.linalg.diag_part(gram)
+    scale = centred_norms[:, None] + centred_norms[None, :]
+    from_gram = tf.maximum(scale - 2.0 * gram, 0.0)
+    rows, columns = tf.meshgrid(tf.range(n), tf.range(n), indexing='ij')
+    doubtful = tf.where((rows < columns) & (from_gram < GRAM_RELATIVE_FLOOR * scale))
+    exact = _pair_sums(values, doubtful[:, 0], doubtful[:, 1], block_values)
+    upper = tf.tensor_scatter_nd_update(tf.linalg.band_part(from_gram, 0, -1),
+                                        doubtful, exact)
+    return tf.linalg.set_diag(upper + tf.transpose(upper), tf.zeros([n], tf.float64))
+
+  return tf.cond(n < 2, lambda: tf.zeros([n, n], tf.float64), distances)
+
+
+def exact_pairwise_squared_distances(values, block_values: int = PAIR_BLOCK_VALUES):
+  """‖x_i − x_j‖² for all pairs from the differences alone (the exact path for every
+  pair, n²·p/2 operations): the reference `pairwise_squared_distances` is timed
+  against (`benchmarks/pairwise_distances.py`)."""
+  n = tf.shape(values)[0]
+  rows, columns = tf.meshgrid(tf.range(n), tf.range(n), indexing='ij')
+  pairs = tf.where(rows < columns)
+  upper = tf.scatter_nd(pairs, _pair_sums(values, pairs[:, 0], pairs[:, 1],
+                                          block_values), [n, n])
+  return upper + tf.transpose(upper)
+
+
+def _row_squared_norms(values, block_values):
+  """‖x_i‖² in float64 (float32 squares of 3e38 would overflow), by column blocks."""
+  n, size = tf.shape(values)[0], tf.shape(values)[1]
+  block = _column_block(n, block_values)
+
+  def add_block(start, sums):
+    block_columns = tf.cast(values[:, start:start + block], tf.float64)
+    return start + block, sums + tf.reduce_sum(tf.square(block_columns), axis=1)
+
+  _, sums = tf.while_loop(lambda start, _: start < size, add_block,
+                          (tf.constant(0), tf.zeros([n], tf.float64)),
+                          parallel_iterations=1)
+  return sums
 
 
 def krum_scores(values, num_byzantine):

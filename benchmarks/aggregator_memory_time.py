@@ -29,13 +29,13 @@ import subprocess
 import sys
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import registry
+from tasks.binaries import exit_status
 from tff_robust import runtime
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients per aggregation.')
@@ -185,4 +185,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  exit_status.run(main)

@@ -22,12 +22,12 @@ parts (see the printout).
 import collections
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
 from tasks import builders
 from tasks import registry
+from tasks.binaries import exit_status
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import distributed as distributed_simulation
 from tasks.simulation import loop
@@ -162,4 +162,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  exit_status.run(main)

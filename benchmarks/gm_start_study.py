@@ -27,9 +27,9 @@ import os
 import sys
 import time
 
-from absl import app
 from absl import flags
 
+from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import sweep
 from tff_robust import geometric_median
@@ -132,4 +132,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  exit_status.run(main)

@@ -36,10 +36,10 @@ import tensorflow as tf
 from benchmarks import personalization_report as report
 from tasks import builders
 from tasks import registry
+from tasks.binaries import exit_status
 from tasks.builders import builder_utils
 from tasks.simulation import client_work
 from tasks.simulation import loop
-from tff_robust import runtime
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (data split, corrupted '
                            'set, sampling, initialization); the figure shades min–max.')
@@ -145,5 +145,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  with runtime.worker_binaries_stopped():
-    app.run(main)
+  exit_status.run(main)

@@ -14,15 +14,14 @@ clients under the same load).
 import collections
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow_federated as tff
 
 from tasks import builders
 from tasks import registry
+from tasks.binaries import exit_status
 import tff_robust
-from tff_robust import runtime
 
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 50, 'Clients per round.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per process.')
@@ -96,5 +95,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  with runtime.worker_binaries_stopped():
-    app.run(main)
+  exit_status.run(main)

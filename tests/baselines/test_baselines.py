@@ -165,26 +165,38 @@ def np_pairwise_squared_distances(x):
 
 
 class PairwiseSquaredDistancesTest(parameterized.TestCase):
-  """Krum's and NNM's column-blocked distances against the plain double loop."""
+  """Krum's and NNM's distances (Gram matrix, cancelling pairs recomputed from their
+  differences) against the plain double loop."""
 
   @parameterized.product(
       # Blocks of 1 column, of a few columns not dividing p, and wider than p.
       block_values=[1, 100, 1 << 18],
-      inputs=['random', 'huge_outlier', 'far_1e10', 'far_3e38', 'duplicated'])
+      inputs=['random', 'huge_outlier', 'far_1e10', 'two_far_1e10', 'far_3e38',
+              'close_pair_far_away', 'duplicated', 'all_equal'])
   def test_matches_the_double_loop(self, block_values, inputs):
     rng = np.random.default_rng(11)
     x = rng.normal(size=(7, 23)).astype(np.float32)
     if inputs == 'huge_outlier':
       x[3, 4] = 1e6
     elif inputs == 'far_1e10':
-      # Honest distances ~1 beside one client 1e10 away: exact from the differences.
+      # Honest distances ~1 beside one client 1e10 away.
       x[0] = 1e10
+    elif inputs == 'two_far_1e10':
+      x[0], x[5] = 1e10, -1e10
     elif inputs == 'far_3e38':
       x[2] = 3e38
+    elif inputs == 'close_pair_far_away':
+      # Two clients ‖y‖² ~ 2e13 from the centre and 0.6 apart: the Gram distance's
+      # rounding (~1e-2) is a percent of it; the pair is recomputed from differences.
+      x[0] = 1e6 + x[0] * 1e-3
+      x[1] = x[0] + np.float32(0.125) * np.sign(x[1])
     elif inputs == 'duplicated':
       x[1] = x[4] = x[0]
+    elif inputs == 'all_equal':
+      x[:] = x[0]
     actual = krum.pairwise_squared_distances(tf.constant(x), block_values).numpy()
-    np.testing.assert_allclose(actual, np_pairwise_squared_distances(x), rtol=1e-12)
+    np.testing.assert_allclose(actual, np_pairwise_squared_distances(x), rtol=1e-9,
+                               atol=0.0)
 
   @parameterized.parameters(0, 1)
   def test_no_pairs(self, num_rows):
