@@ -39,9 +39,12 @@ def bucket_means(values, weights, order, bucket_size: int):
   shuffled = tf.gather(values, order)
   shuffled_weights = tf.cast(tf.gather(weights, order), values.dtype)
   totals = tf.math.unsorted_segment_sum(shuffled_weights, bucket, num_buckets)
-  sums = tf.math.unsorted_segment_sum(shuffled * shuffled_weights[:, tf.newaxis],
-                                      bucket, num_buckets)
-  means = tf.math.divide_no_nan(sums, totals[:, tf.newaxis])
+  # Each row weighted by its share of its bucket's total: the sums are convex
+  # combinations, so clients near float32's maximum with weights above 1 do not
+  # overflow to an infinite bucket mean (w·x would).
+  shares = tf.math.divide_no_nan(shuffled_weights, tf.gather(totals, bucket))
+  means = tf.math.unsorted_segment_sum(shuffled * shares[:, tf.newaxis], bucket,
+                                       num_buckets)
   return means, tf.cast(totals, weights.dtype)
 
 

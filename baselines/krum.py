@@ -18,10 +18,11 @@ from baselines import gather
 # per-iteration overhead (`benchmarks/aggregator_memory_time.py`).
 PAIR_BLOCK_VALUES = 1 << 18
 # A Gram-matrix distance is kept when it is at least this fraction of ‖y_i‖² + ‖y_j‖²
-# (y = x − the centre row): float64 rounding of the inner products, at most about
-# p·2^-53·(‖y_i‖² + ‖y_j‖²) and in practice √p times less, is then a relative error
-# below float32's resolution. Smaller distances are recomputed from differences.
-GRAM_RELATIVE_FLOOR = 1e-4
+# (y = x − the centre row). Its three rounded terms err by at most about
+# 2·p·2^-53·(‖y_i‖² + ‖y_j‖²) together (in practice √p times less), so a kept distance
+# is within 1.4e-7 relative at p = 6.4M at worst, float32's resolution. Smaller
+# distances are recomputed from differences.
+GRAM_RELATIVE_FLOOR = 1e-2
 
 
 def _column_block(rows, block_values):
@@ -70,8 +71,8 @@ def _centred_gram(values, center, block_values):
 
 def pairwise_squared_distances(values, block_values: int = PAIR_BLOCK_VALUES):
   """‖x_i − x_j‖² for all pairs of rows, in float64, each within a relative
-  p·2^-53 / `GRAM_RELATIVE_FLOOR` of the exact value at worst (7e-6 for p = 6.4M; in
-  practice ~1e-12), and exact to float64 rounding when recomputed (see below).
+  2·p·2^-53 / `GRAM_RELATIVE_FLOOR` of the exact value at worst (1.4e-7 for p = 6.4M;
+  in practice far less), and exact to float64 rounding when recomputed (see below).
 
   Fast path, one matrix product: with y_i = x_i − x_c, d_ij = ‖y_i‖² + ‖y_j‖² −
   2⟨y_i, y_j⟩ from the float64 Gram matrix of Y (n²·p multiply-adds in BLAS, column
@@ -81,11 +82,14 @@ def pairwise_squared_distances(values, block_values: int = PAIR_BLOCK_VALUES):
   wherever the corrupted clients are (the mean as centre would sit near a client at
   1e10, and every honest distance would cancel away in rounding).
 
-  Exact path: a pair whose Gram distance is below `GRAM_RELATIVE_FLOOR`·(‖y_i‖² +
-  ‖y_j‖²), where cancellation could matter (e.g. two clients far from the centre and
-  close to each other), is recomputed from the differences themselves, Σ(x_ik −
-  x_jk)², which in float64 never overflows or underflows for float32 inputs. In the
-  worst case every pair takes this path: n²·p/2 operations, the old cost.
+  Exact path: a pair whose Gram distance is not at least `GRAM_RELATIVE_FLOOR`·
+  (‖y_i‖² + ‖y_j‖²), where cancellation could matter (e.g. two clients far from the
+  centre and close to each other), or is not a number (a row holding an infinity,
+  e.g. a bucket mean that overflowed, makes inf − inf), is recomputed from the
+  differences themselves, Σ(x_ik − x_jk)², which in float64 never overflows or
+  underflows for finite float32 inputs and is +inf for an infinite row, as Krum's
+  ranking needs. In the worst case (e.g. an infinite centre) every pair takes this
+  path: n²·p/2 operations.
   """
   n = tf.shape(values)[0]
 
@@ -96,7 +100,9 @@ def pairwise_squared_distances(values, block_values: int = PAIR_BLOCK_VALUES):
     scale = centred_norms[:, None] + centred_norms[None, :]
     from_gram = tf.maximum(scale - 2.0 * gram, 0.0)
     rows, columns = tf.meshgrid(tf.range(n), tf.range(n), indexing='ij')
-    doubtful = tf.where((rows < columns) & (from_gram < GRAM_RELATIVE_FLOOR * scale))
+    # `not >=` rather than `<`: a NaN distance must be recomputed too.
+    trusted = from_gram >= GRAM_RELATIVE_FLOOR * scale
+    doubtful = tf.where((rows < columns) & tf.logical_not(trusted))
     exact = _pair_sums(values, doubtful[:, 0], doubtful[:, 1], block_values)
     upper = tf.tensor_scatter_nd_update(tf.linalg.band_part(from_gram, 0, -1),
                                         doubtful, exact)

@@ -26,8 +26,8 @@ def mixing_matrix(values, num_byzantine):
   """M `[n, n]` float64 with M_ij = 1/(n − f) when x_j is one of the n − f nearest
   neighbours of x_i, else 0; mixed = M X.
 
-  Squared distances are exact in float64 (`krum.pairwise_squared_distances`, from the
-  differences). Ties are broken by client order, lower index first (`tf.math.top_k`
+  Squared distances are Krum's, in float64 (`krum.pairwise_squared_distances`: from
+  the Gram matrix, pairs where rounding could matter recomputed from differences). Ties are broken by client order, lower index first (`tf.math.top_k`
   is stable), so x_i is always among its own neighbours unless n − f earlier clients
   coincide with it, which gives the same average.
   """

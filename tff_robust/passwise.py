@@ -3,8 +3,9 @@
 A geometric median (RFA) with R passes, a γ-mean with S iterations or secure centered
 clipping with L iterations is a chain of secure averages, each depending on the result
 of the one before (the server broadcasts v, clients weigh themselves by their distance
-to v, or clip their difference to v, one weighted mean gives the next v). As *one* TFF computation (`GeometricMedianFactory().create(...)`) that is
-the drop-in form for `build_weighted_fed_avg`; but TFF's multi-worker runtime
+to v, or clip their difference to v, one weighted mean gives the next v). As *one*
+TFF computation (`GeometricMedianFactory().create(...)`) that is the drop-in form for
+`build_weighted_fed_avg`; but TFF's multi-worker runtime
 (`tff.backends.native.create_mergeable_comp_execution_context`, see
 `tff_robust.distributed`) only runs computations whose aggregations are independent,
 and refuses it ("Detected one aggregate dependent on another").
@@ -411,8 +412,6 @@ class _GammaMeanPasses(_Passes):
         state=new_state, result=result, measurements=measurements), num_dropped)
 
 
-
-
 class _CenteredClippingPasses(_Passes):
   """The iterations of `SecureCenteredClippingFactory` (its own
   `CenteredClippingSteps`) as one computation each, and their Python driver."""
@@ -444,8 +443,11 @@ class _CenteredClippingPasses(_Passes):
           state=inner_state, center=center,
           measurements=steps.measurements(counts, inner_measurements)), num_dropped)
 
-    # The 'zero' start's centre, computed once at the server (here).
-    self._zeros = steps.zeros() if self._start == 'zero' else None
+    # The 'zero' start's centre, made here (no computation in whatever context is
+    # installed when the process is created).
+    self._zeros = tf.nest.map_structure(
+        lambda spec: np.zeros(spec.shape, spec.dtype.as_numpy_dtype),
+        iterative_mean.type_template(value_type))
     self.mean_start = mean_start
     self.iteration = iteration
 

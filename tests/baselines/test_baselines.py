@@ -161,7 +161,8 @@ class InvalidArgumentsTest(parameterized.TestCase):
 
 def np_pairwise_squared_distances(x):
   x = np.asarray(x, np.float64)
-  return np.array([[np.sum((xi - xj) ** 2) for xj in x] for xi in x])
+  return np.array([[0.0 if i == j else np.sum((xi - xj) ** 2)
+                    for j, xj in enumerate(x)] for i, xi in enumerate(x)])
 
 
 class PairwiseSquaredDistancesTest(parameterized.TestCase):
@@ -172,7 +173,8 @@ class PairwiseSquaredDistancesTest(parameterized.TestCase):
       # Blocks of 1 column, of a few columns not dividing p, and wider than p.
       block_values=[1, 100, 1 << 18],
       inputs=['random', 'huge_outlier', 'far_1e10', 'two_far_1e10', 'far_3e38',
-              'close_pair_far_away', 'duplicated', 'all_equal'])
+              'close_pair_far_away', 'duplicated', 'all_equal', 'infinite_row',
+              'infinite_centre'])
   def test_matches_the_double_loop(self, block_values, inputs):
     rng = np.random.default_rng(11)
     x = rng.normal(size=(7, 23)).astype(np.float32)
@@ -194,6 +196,12 @@ class PairwiseSquaredDistancesTest(parameterized.TestCase):
       x[1] = x[4] = x[0]
     elif inputs == 'all_equal':
       x[:] = x[0]
+    elif inputs == 'infinite_row':
+      # E.g. a bucket mean that overflowed: inf − inf in the Gram distances is NaN;
+      # from the differences its distances are +inf, as Krum's ranking needs.
+      x[3, 5] = np.inf
+    elif inputs == 'infinite_centre':
+      x[:4, 0] = np.inf  # The median-norm row is infinite: every pair recomputed.
     actual = krum.pairwise_squared_distances(tf.constant(x), block_values).numpy()
     np.testing.assert_allclose(actual, np_pairwise_squared_distances(x), rtol=1e-9,
                                atol=0.0)

@@ -62,6 +62,19 @@ class BucketingTest(parameterized.TestCase):
     np.testing.assert_allclose(result, references.np_krum(means, totals, 1, None),
                                rtol=1e-5, atol=1e-5)
 
+  def test_bucket_means_near_the_float32_maximum_do_not_overflow(self):
+    # w·x would overflow float32 for x = 3e38 and w = 3; the mean itself is finite.
+    x = cases.random_inputs()
+    x[:3] = 3e38
+    w = np.full(len(x), 3.0, np.float32)
+    process = bucketing.BucketingFactory(coordinatewise.CoordinateWiseMedianFactory(),
+                                         3, seed=SEED).create(cases.VALUE_TYPE,
+                                                               cases.WEIGHT_TYPE)
+    result, _ = cases.run(process, x, list(w))
+    means, _ = np_bucket_means(x, w.astype(np.float64), _order(len(x), 0), 3)
+    self.assertTrue(np.all(np.isfinite(result)))
+    np.testing.assert_allclose(result, np.median(means, axis=0), rtol=1e-5, atol=1e-5)
+
   def test_order_is_a_permutation_that_depends_on_the_round(self):
     self.assertCountEqual(_order(10, 0), range(10))
     self.assertNotEqual(list(_order(10, 0)), list(_order(10, 1)))
