@@ -200,9 +200,10 @@ class SecureCenteredClippingFactory(tff.aggregators.WeightedAggregationFactory):
       if previous:
         new_state['previous'] = center
       new_state['inner'] = inner_state
+      measurements = steps.measurements(counts, inner_measurements)
       return tff.templates.MeasuredProcessOutput(
           state=tff.federated_zip(new_state), result=center,
-          measurements=tff.federated_zip(steps.measurements(counts, inner_measurements)))
+          measurements=tff.federated_zip(measurements))
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
 

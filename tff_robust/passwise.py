@@ -433,15 +433,22 @@ class _CenteredClippingPasses(_Passes):
           state=output.state, center=output.result, measurements=output.measurements),
                            num_dropped)
 
-    @tff.federated_computation(inner_state_type, server_value, client_value,
-                               client_weight)
-    def iteration(inner_state, center, value, weight):
-      value, alpha, num_dropped = clean(value, weight)
-      inner_state, center, inner_measurements, counts = steps.iteration(
-          inner, inner_state, center, value, alpha)
-      return _with_dropped(collections.OrderedDict(
-          state=inner_state, center=center,
-          measurements=steps.measurements(counts, inner_measurements)), num_dropped)
+    def iteration_computation(last: bool):
+      """One iteration; the last also counts the clipped clients and reports the
+      factory's measurements (the others would compute every distance twice)."""
+
+      @tff.federated_computation(inner_state_type, server_value, client_value,
+                                 client_weight)
+      def iteration(inner_state, center, value, weight):
+        value, alpha, num_dropped = clean(value, weight)
+        inner_state, center, inner_measurements, counts = steps.iteration(
+            inner, inner_state, center, value, alpha, count_clipped=last)
+        result = collections.OrderedDict(state=inner_state, center=center)
+        if last:
+          result['measurements'] = steps.measurements(counts, inner_measurements)
+        return _with_dropped(result, num_dropped)
+
+      return iteration
 
     # The 'zero' start's centre, made here (no computation in whatever context is
     # installed when the process is created).
@@ -449,7 +456,8 @@ class _CenteredClippingPasses(_Passes):
         lambda spec: np.zeros(spec.shape, spec.dtype.as_numpy_dtype),
         iterative_mean.type_template(value_type))
     self.mean_start = mean_start
-    self.iteration = iteration
+    self.iteration = iteration_computation(last=False)
+    self.last_iteration = iteration_computation(last=True)
 
   @property
   def computations_per_call(self) -> int:
@@ -467,8 +475,10 @@ class _CenteredClippingPasses(_Passes):
       start = self.mean_start(inner_state, value, weight)
       inner_state, center, num_dropped = (start['state'], start['center'],
                                           start.get('num_dropped'))
-    for _ in range(self._num_iterations):
-      step = self.iteration(inner_state, center, value, weight)
+    for l in range(self._num_iterations):
+      last = l == self._num_iterations - 1
+      iteration = self.last_iteration if last else self.iteration
+      step = iteration(inner_state, center, value, weight)
       inner_state, center = step['state'], step['center']
       if num_dropped is None:
         num_dropped = step.get('num_dropped')
