@@ -18,7 +18,8 @@ Learning processes (drop-in for `tff.learning.algorithms.build_weighted_fed_avg`
 Runtime: `runtime.worker_binaries_stopped()` stops TFF's worker_binary processes
 when a program is done (importing the package has no side effects);
 `distributed` spreads clients over several worker_binary processes and `passwise`
-drives RFA and the γ-mean there one secure average per computation.
+drives RFA, the γ-mean and secure centered clipping there one secure average per
+computation.
 """
 
 from tff_robust import distributed

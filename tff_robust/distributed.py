@@ -26,8 +26,8 @@ Use:
 
 Limitation (TFF's, not ours): the mergeable context runs only computations whose
 aggregations do not depend on one another. FedAvg, GMA, the mean and one-step RFA with
-`report_objective=False` qualify as they are; multi-pass RFA and the γ-mean are
-sequences of dependent secure averages by nature: run them with
+`report_objective=False` qualify as they are; multi-pass RFA, the γ-mean and secure
+centered clipping are sequences of dependent secure averages by nature: run them with
 `tff_robust.passwise`, which calls one single-aggregate computation per pass.
 
 Workers: `LocalWorkers` starts and stops worker binaries on this machine (tests,

@@ -10,7 +10,8 @@ checkpoints and metrics) whose client-side work runs on the workers of a
     computation; the mergeable context would then train every client twice, once
     before the aggregation and once after it for the per-client updates.)
 *   Aggregation: `tff_robust.passwise`, one single-aggregate computation per secure
-    average, so RFA, one-step RFA and the γ-mean run like FedAvg and GMA.
+    average, so RFA, one-step RFA, the γ-mean and secure centered clipping run like
+    FedAvg and GMA.
 
 Server-only computations (the aggregator's `initialize`, the server optimizer) run in
 this process's own TFF context: they involve no client, and on the workers their
