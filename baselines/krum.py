@@ -25,48 +25,58 @@ PAIR_BLOCK_VALUES = 1 << 18
 GRAM_RELATIVE_FLOOR = 1e-2
 
 
-def _column_block(rows, block_values):
-  """Columns per block so that a float64 block of `rows` rows holds about
-  `block_values` values (at least 1)."""
-  return tf.maximum(1, block_values // tf.maximum(rows, 1))
+def _sum_over_column_blocks(values, rows, block_values, block_term, initial,
+                            num_columns=None):
+  """Σ over column blocks of `block_term(float64 block of values)`, starting from
+  `initial`: a block has about `block_values` / `rows` columns (at least 1), so
+  there is never a float64 copy of the whole matrix. Only the first `num_columns`
+  columns (default all) are visited."""
+  size = tf.shape(values)[1] if num_columns is None else num_columns
+  block = tf.maximum(1, block_values // tf.maximum(rows, 1))
+
+  def add_block(start, total):
+    block_columns = tf.cast(values[:, start:start + block], tf.float64)
+    return start + block, total + block_term(block_columns)
+
+  _, total = tf.while_loop(
+      lambda start, _: start < size, add_block, (tf.constant(0), initial),
+      # One block at a time: in parallel their temporaries would add up.
+      parallel_iterations=1)
+  return total
 
 
 def _pair_sums(values, first, second, block_values):
   """Σ_k (x_ik − x_jk)² in float64 for the pairs (first[t], second[t]), column block by
-  column block: no float64 copy of the matrix, O(pairs · block) temporaries."""
+  column block: O(pairs · block) temporaries."""
   num_pairs = tf.shape(first)[0]
-  size = tf.shape(values)[1]
-  block = _column_block(tf.maximum(num_pairs, tf.shape(values)[0]), block_values)
-
-  def add_block(start, sums):
-    block_columns = tf.cast(values[:, start:start + block], tf.float64)
-    return start + block, sums + tf.reduce_sum(tf.math.squared_difference(
-        tf.gather(block_columns, first), tf.gather(block_columns, second)), axis=1)
-
-  # Without pairs, skip the loop (each block would still be cast).
-  _, sums = tf.while_loop(
-      lambda start, _: (start < size) & (num_pairs > 0), add_block,
-      (tf.constant(0), tf.zeros([num_pairs], tf.float64)),
-      # One block at a time: in parallel their temporaries would add up.
-      parallel_iterations=1)
-  return sums
+  return _sum_over_column_blocks(
+      values, tf.maximum(num_pairs, tf.shape(values)[0]), block_values,
+      lambda block: tf.reduce_sum(tf.math.squared_difference(
+          tf.gather(block, first), tf.gather(block, second)), axis=1),
+      tf.zeros([num_pairs], tf.float64),
+      # Without pairs, no block at all (each would still be cast).
+      num_columns=tf.where(num_pairs > 0, tf.shape(values)[1], 0))
 
 
 def _centred_gram(values, center, block_values):
   """Y Yᵀ in float64 for Y = X − x_center (row `center`), column block by column
   block."""
-  n, size = tf.shape(values)[0], tf.shape(values)[1]
-  block = _column_block(n, block_values)
+  n = tf.shape(values)[0]
 
-  def add_block(start, gram):
-    block_columns = tf.cast(values[:, start:start + block], tf.float64)
-    centred = block_columns - block_columns[center]
-    return start + block, gram + tf.matmul(centred, centred, transpose_b=True)
+  def block_gram(block):
+    centred = block - block[center]
+    return tf.matmul(centred, centred, transpose_b=True)
 
-  _, gram = tf.while_loop(lambda start, _: start < size, add_block,
-                          (tf.constant(0), tf.zeros([n, n], tf.float64)),
-                          parallel_iterations=1)
-  return gram
+  return _sum_over_column_blocks(values, n, block_values, block_gram,
+                                 tf.zeros([n, n], tf.float64))
+
+
+def _row_squared_norms(values, block_values):
+  """‖x_i‖² in float64 (float32 squares of 3e38 would overflow), by column blocks."""
+  n = tf.shape(values)[0]
+  return _sum_over_column_blocks(
+      values, n, block_values, lambda block: tf.reduce_sum(tf.square(block), axis=1),
+      tf.zeros([n], tf.float64))
 
 
 def pairwise_squared_distances(values, block_values: int = PAIR_BLOCK_VALUES):
@@ -121,21 +131,6 @@ def exact_pairwise_squared_distances(values, block_values: int = PAIR_BLOCK_VALU
   upper = tf.scatter_nd(pairs, _pair_sums(values, pairs[:, 0], pairs[:, 1],
                                           block_values), [n, n])
   return upper + tf.transpose(upper)
-
-
-def _row_squared_norms(values, block_values):
-  """‖x_i‖² in float64 (float32 squares of 3e38 would overflow), by column blocks."""
-  n, size = tf.shape(values)[0], tf.shape(values)[1]
-  block = _column_block(n, block_values)
-
-  def add_block(start, sums):
-    block_columns = tf.cast(values[:, start:start + block], tf.float64)
-    return start + block, sums + tf.reduce_sum(tf.square(block_columns), axis=1)
-
-  _, sums = tf.while_loop(lambda start, _: start < size, add_block,
-                          (tf.constant(0), tf.zeros([n], tf.float64)),
-                          parallel_iterations=1)
-  return sums
 
 
 def krum_scores(values, num_byzantine):

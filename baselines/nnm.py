@@ -27,9 +27,10 @@ def mixing_matrix(values, num_byzantine):
   neighbours of x_i, else 0; mixed = M X.
 
   Squared distances are Krum's, in float64 (`krum.pairwise_squared_distances`: from
-  the Gram matrix, pairs where rounding could matter recomputed from differences). Ties are broken by client order, lower index first (`tf.math.top_k`
-  is stable), so x_i is always among its own neighbours unless n − f earlier clients
-  coincide with it, which gives the same average.
+  the Gram matrix, pairs where rounding could matter recomputed from differences).
+  Ties are broken by client order, lower index first (`tf.math.top_k` is stable), so
+  x_i is always among its own neighbours unless n − f earlier clients coincide with
+  it, which gives the same average.
   """
   n = tf.shape(values)[0]
   k = n - num_byzantine

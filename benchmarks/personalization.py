@@ -135,7 +135,7 @@ def main(argv):
   report.plot(summary, len(seeds), _NUM_CLIENTS.value, path + '.png')
   command = '.venv/bin/python -m benchmarks.personalization ' + ' '.join(sys.argv[1:])
   table = report.markdown(summary, sweep, chosen, command.strip(), minutes, len(seeds),
-                   _NUM_CLIENTS.value, _VALIDATION_FRACTION.value)
+                          _NUM_CLIENTS.value, _VALIDATION_FRACTION.value)
   with open(path + '.md', 'w') as f:
     f.write(table)
   with open(path + '.json', 'w') as f:
