@@ -154,6 +154,10 @@ def define_training_flags(sweep: bool = False, **defaults) -> None:
           'momentum.', lower_bound=0.0)
   define('integer', 'eval_period', get('eval_period', 1), 'Evaluate on the clean test '
           'data every this many rounds (and after the last round).', lower_bound=1)
+  define('integer', 'checkpoint_period', get('checkpoint_period', 1), 'Checkpoint '
+          'every this many rounds (and after the last): an interrupted run reruns '
+          'the rounds after its newest checkpoint, with the same results.',
+          lower_bound=1, part_of_run=False)
   define('integer', 'eval_max_examples', get('eval_max_examples', None), 'Evaluate on '
           'at most this many test examples; default all.', lower_bound=1)
   define('bool', 'progress', get('progress', True), 'Show a progress bar.',

@@ -71,7 +71,8 @@ def _results_page(table: str, seconds: float) -> str:
 def main(argv):
   start = time.time()
   task, spec = flag_groups.start_sweep_binary(argv)
-  sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress)
+  sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress,
+                  checkpoint_period=FLAGS.checkpoint_period)
   table = sweep.write_report(spec, FLAGS.output_dir)
   elapsed = time.time() - start
   page = _results_page(table, elapsed)

@@ -61,7 +61,8 @@ def copy_results(spec: sweep.SweepSpec, page: str, results_dir: str) -> None:
 def main(argv):
   start = time.time()
   task, spec = flag_groups.start_sweep_binary(argv)
-  trained = sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress)
+  trained = sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress,
+                            checkpoint_period=FLAGS.checkpoint_period)
   table = sweep.write_report(spec, FLAGS.output_dir, title=_title())
   if FLAGS.results_dir:
     copy_results(spec, _results_page(table, spec, trained, time.time() - start),

@@ -125,7 +125,8 @@ def main(argv):
       experiment.run_experiment(simulation, output_dir, FLAGS.rounds,
                                 FLAGS.eval_period, progress=FLAGS.progress,
                                 tensorboard=FLAGS.tensorboard,
-                                description=experiment_name())
+                                description=experiment_name(),
+                                checkpoint_period=FLAGS.checkpoint_period)
     except experiment.NonFiniteStateError as e:
       exit_status.exit_with(e, exit_status.NON_FINITE)
     except distributed_simulation.WorkerRoundError as e:

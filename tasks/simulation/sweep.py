@@ -142,9 +142,11 @@ def run_dir(output_dir: str, run: Run) -> str:
 
 
 def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
+              checkpoint_period: int = 1,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> int:
   """Runs (or resumes) every run of `spec` on `task`, sequentially, in-process;
-  returns how many runs it trained (finished ones are skipped)."""
+  returns how many runs it trained (finished ones are skipped). Each run checkpoints
+  every `checkpoint_period` rounds (`experiment.run_experiment`)."""
   runs = spec.runs()
   trained = 0
   for index, run in enumerate(runs, start=1):
@@ -175,7 +177,7 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     try:
       experiment.run_experiment(sim, directory, spec.rounds, spec.eval_period,
                                 config=config, progress=progress, tensorboard=False,
-                                description=label)
+                                description=label, checkpoint_period=checkpoint_period)
     except experiment.NonFiniteStateError as e:
       log(f'{label}: {e}')
       with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:

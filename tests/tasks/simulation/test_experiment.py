@@ -33,9 +33,10 @@ def _simulation():
                          rho=0.2, clients_per_round=3, seed=0)
 
 
-def _run(simulation, directory, rounds, log=None):
+def _run(simulation, directory, rounds, log=None, checkpoint_period=1):
   return experiment.run_experiment(simulation, directory, rounds, config=_CONFIG,
                                    progress=False, tensorboard=True,
+                                   checkpoint_period=checkpoint_period,
                                    log=log or (lambda message: None))
 
 
@@ -190,6 +191,25 @@ class ExperimentFilesTest(parameterized.TestCase):
         _run(self.simulation, directory, _ROUNDS)
     self.assertNotIn('\n', str(raised.exception))
     _run(self.simulation, directory, _ROUNDS)
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  def test_a_run_checkpointing_every_other_round_reruns_the_rest_identically(self):
+    directory = os.path.join(self.root, 'every_other_round')
+    run_round = self.simulation.run_round
+
+    def killed_in_round_3(state, round_num):
+      if round_num == 3:
+        raise KeyboardInterrupt
+      return run_round(state, round_num)
+
+    with mock.patch.object(self.simulation, 'run_round', killed_in_round_3):
+      with self.assertRaises(KeyboardInterrupt):
+        _run(self.simulation, directory, _ROUNDS, checkpoint_period=2)
+    checkpoints = os.path.join(directory, experiment.CHECKPOINTS_DIR)
+    self.assertEqual(os.listdir(checkpoints), ['round_2'])
+    self.assertLen(_rows(directory), 3)  # Round 2's row is ahead of the checkpoint.
+    _run(self.simulation, directory, _ROUNDS, checkpoint_period=2)
+    self.assertEqual(sorted(os.listdir(checkpoints)), ['round_2', 'round_4'])
     self._assert_equals_the_uninterrupted_run(directory)
 
   @parameterized.named_parameters(*run_files.BAD_FILES)
