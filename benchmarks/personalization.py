@@ -26,7 +26,6 @@ and its wall time) and every run's metrics.
 
 import json
 import os
-import sys
 import time
 
 from absl import app
@@ -37,6 +36,7 @@ from benchmarks import personalization_report as report
 from tasks import builders
 from tasks import registry
 from tasks.binaries import exit_status
+from tasks.binaries import flag_groups
 from tasks.builders import builder_utils
 from tasks.simulation import client_work
 from tasks.simulation import loop
@@ -133,8 +133,8 @@ def main(argv):
   os.makedirs(_OUTPUT_DIR.value, exist_ok=True)
   path = os.path.join(_OUTPUT_DIR.value, report.NAME)
   report.plot(summary, len(seeds), _NUM_CLIENTS.value, path + '.png')
-  command = '.venv/bin/python -m benchmarks.personalization ' + ' '.join(sys.argv[1:])
-  table = report.markdown(summary, sweep, chosen, command.strip(), minutes, len(seeds),
+  command = flag_groups.quoted_command('benchmarks.personalization', ('--output_dir',))
+  table = report.markdown(summary, sweep, chosen, command, minutes, len(seeds),
                           _NUM_CLIENTS.value, _VALIDATION_FRACTION.value)
   with open(path + '.md', 'w') as f:
     f.write(table)

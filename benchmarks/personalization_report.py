@@ -70,7 +70,7 @@ def plot(summary, num_seeds: int, num_clients: int, path: str) -> None:
 
 
 def _cell(value: tuple[float, float, float]) -> str:
-  return f'{value[0]:.1f} ({value[1]:.1f}..{value[2]:.1f})'
+  return f'{value[0]:.1f} [{value[1]:.1f}, {value[2]:.1f}]'
 
 
 def markdown(summary, sweep: dict[float, float], chosen: float, command: str,
@@ -94,7 +94,7 @@ def markdown(summary, sweep: dict[float, float], chosen: float, command: str,
       f'# RFA paper Figure 6 on bundled MNIST ({num_clients} clients)', '',
       f'Command ({minutes:.1f} minutes wall time):', '', f'    {command}', '',
       f'Accuracy %: mean over benign clients of their own held-out accuracy, mean '
-      f'(min..max) over {num_seeds} seeds. Data corruption x → 1 − x. Paper: EMNIST '
+      f'[min, max] over {num_seeds} seeds. Data corruption x → 1 − x. Paper: EMNIST '
       'linear, numbers stated in its Section 5.3 (blank: only in its plot). "Alg. 4" '
       'is the paper\'s personalized RFA, the personalization of its Figure 6.', '',
       *header, *rows, '',

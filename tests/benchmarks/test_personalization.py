@@ -58,7 +58,7 @@ class SummaryTest(parameterized.TestCase):
             for s, acc in enumerate((0.5, 0.7)) for rho in (0.0, 0.25)]
     page = report.markdown(report.summarize(runs), {0.1: 0.8, 1.0: 0.9},
                                     1.0, 'cmd --x', 12.34, 2, 25, 0.2)
-    self.assertIn('| RFA + Alg. 4 | 60.0 (50.0..70.0) | 69.9 | 60.0 (50.0..70.0) | 66.4 |',
+    self.assertIn('| RFA + Alg. 4 | 60.0 [50.0, 70.0] | 69.9 | 60.0 [50.0, 70.0] | 66.4 |',
                   page)
     self.assertIn('| 1 (chosen) | 90.0 |', page)
     self.assertIn('| 0.1 | 80.0 |', page)
