@@ -4,7 +4,8 @@
   1    bad flags (absl), or an output directory holding a run of other flags
   2    a file the run reads is unreadable or inconsistent (`experiment.RunFileError`:
        checkpoint, config.json, metrics.csv, TensorBoard directory; a missing or
-       malformed data file), or a round left a non-finite model
+       malformed data file, a damaged leaderboard ledger), or a round left a
+       non-finite model
   3    a TFF worker failed mid-round (`--workers`)
   143  SIGTERM (finished rounds are kept)
 
@@ -20,6 +21,7 @@ from absl import app
 
 from tasks.builders import data_utils
 from tasks.simulation import experiment
+from tasks.simulation import ledger
 from tff_robust import runtime
 
 FLAGS_OR_OTHER_RUN = 1
@@ -31,7 +33,7 @@ WORKER_FAILED = 3
 # with the exit status each ends the binary with.
 ONE_LINE_ERRORS = (
     ((experiment.RunFileError, data_utils.MissingDataError,
-      data_utils.MalformedDataError), BAD_FILE),
+      data_utils.MalformedDataError, ledger.LedgerError), BAD_FILE),
     ((experiment.ConfigMismatchError,), FLAGS_OR_OTHER_RUN),
 )
 

@@ -4,6 +4,7 @@
 `known_tasks()` lists the valid (task, model, source, data attack) names for binaries.
 """
 
+import dataclasses
 from typing import Optional
 
 from tasks.builders import emnist
@@ -53,5 +54,8 @@ def build_task(task: str, model: str, source: str = 'synthetic',
   if source not in module.SOURCES:
     raise ValueError(f'Unknown source {source!r} for task {task!r}; known: '
                      f'{", ".join(module.SOURCES)}.')
-  return module.build(model, source=source, data_dir=data_dir, client_spec=client_spec,
-                      num_clients=num_clients, seed=seed, **source_kwargs)
+  built = module.build(model, source=source, data_dir=data_dir,
+                       client_spec=client_spec, num_clients=num_clients, seed=seed,
+                       **source_kwargs)
+  return dataclasses.replace(built, provenance=dict(
+      source=source, num_clients=num_clients, seed=seed, **source_kwargs))

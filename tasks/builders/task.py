@@ -6,7 +6,7 @@ before the usual shuffle / repeat / batch preprocessing.
 """
 
 import dataclasses
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -59,6 +59,9 @@ class Task:
       element datasets; every task has 'data', the paper's (RFA paper D.2.1). The
       simulation offers them next to the update attacks of
       `tasks.simulation.attacks`.
+    provenance: How `tasks.builders.build_task` made the data (source, client cap,
+      seed, source options; not the directory, which differs between machines), so
+      a results ledger can tell runs on other data apart.
   """
   name: str
   keras_model_fn: Callable[[], tf.keras.Model]
@@ -69,6 +72,7 @@ class Task:
   client_weights: dict[str, float]
   client_spec: ClientSpec
   data_attacks: Mapping[str, Callable[[tf.data.Dataset], tf.data.Dataset]]
+  provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def preprocess(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
     """Shuffles, repeats `num_epochs` times, caps at `max_elements` and batches."""

@@ -7,5 +7,6 @@ attack, never part of a factory a user deploys.
                 aggregation, server update, evaluation)
   evaluation    clean test metrics, per-client statistics
   experiment    runs a simulation with checkpoints, metrics CSV and TensorBoard
+  ledger        finished runs' final results in a small CSV committed beside a table
   sweep         aggregators × attacks × ρ × seeds, tables and plots
 """

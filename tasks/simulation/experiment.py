@@ -168,8 +168,11 @@ def _restore(template, loaded):
 
 def finished_rounds(output_dir: str) -> int:
   """Rounds a (possibly interrupted) run in `output_dir` has checkpointed."""
-  manager = tff.program.FileProgramStateManager(
-      os.path.join(output_dir, CHECKPOINTS_DIR), prefix=CHECKPOINT_PREFIX)
+  checkpoints_dir = os.path.join(output_dir, CHECKPOINTS_DIR)
+  if not os.path.isdir(checkpoints_dir):
+    return 0  # Asking must not create the directory, as the manager would.
+  manager = tff.program.FileProgramStateManager(checkpoints_dir,
+                                                prefix=CHECKPOINT_PREFIX)
   versions = _run(manager.get_versions())
   return max(versions) if versions else 0
 

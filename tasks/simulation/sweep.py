@@ -24,6 +24,8 @@ and reported in `num_diverged`; its final accuracy is its last evaluated one.
 
 import csv
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import sys
@@ -38,6 +40,7 @@ from tasks import registry
 from tasks.simulation import attacks
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import experiment
+from tasks.simulation import ledger
 from tasks.simulation import loop
 
 DIVERGED_MARKER = 'DIVERGED'
@@ -143,11 +146,15 @@ def run_dir(output_dir: str, run: Run) -> str:
 
 def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
               checkpoint_period: int = 1,
-              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> int:
+              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+              recorded: Optional[Mapping[ledger.Key, ledger.Entry]] = None) -> int:
   """Runs (or resumes) every run of `spec` on `task`, sequentially, in-process;
-  returns how many runs it trained (finished ones are skipped). Each run checkpoints
-  every `checkpoint_period` rounds (`experiment.run_experiment`)."""
+  returns how many runs it trained. Finished runs are skipped, and so are the runs
+  `recorded` (a ledger, `tasks.simulation.ledger`) holds with this task's and spec's
+  fingerprint. Each run checkpoints every `checkpoint_period` rounds
+  (`experiment.run_experiment`)."""
   runs = spec.runs()
+  recorded = recorded or {}
   trained = 0
   for index, run in enumerate(runs, start=1):
     directory = run_dir(output_dir, run)
@@ -158,31 +165,87 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     if experiment.finished_rounds(directory) >= spec.rounds:
       log(f'{label}: finished, skipped.')
       continue
+    if (run.name, run_fingerprint(task, spec, run)) in recorded:
+      log(f'{label}: in the ledger, skipped.')
+      continue
     trained += 1
     factory = registry.aggregator_from_name(
         run.aggregator, assumed_byzantine_fraction=run.rho,
         **spec.aggregator_args.get(run.aggregator, {}))
-    attack_params = spec.attack_args.get(run.attack, {})
     work = client_work_lib.client_work_from_name(
         spec.client_work, task, worker_momentum=run.worker_momentum,
         **spec.client_work_args)
     sim = loop.Simulation(task, factory, work, attack=run.attack,
-                          attack_params=attack_params, rho=run.rho, seed=run.seed,
-                          **spec.simulation_kwargs)
-    config = dict(run=run.name, task=task.name,
-                  aggregator_args=spec.aggregator_args.get(run.aggregator, {}),
-                  attack_args=attack_params, **_client_work_config(spec),
-                  **{k: v for k, v in spec.simulation_kwargs.items()
-                     if k != 'server_optimizer'})
+                          attack_params=spec.attack_args.get(run.attack, {}),
+                          rho=run.rho, seed=run.seed, **spec.simulation_kwargs)
     try:
       experiment.run_experiment(sim, directory, spec.rounds, spec.eval_period,
-                                config=config, progress=progress, tensorboard=False,
-                                description=label, checkpoint_period=checkpoint_period)
+                                config=run_config(task, spec, run), progress=progress,
+                                tensorboard=False, description=label,
+                                checkpoint_period=checkpoint_period)
     except experiment.NonFiniteStateError as e:
       log(f'{label}: {e}')
       with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:
         f.write(str(e) + '\n')
   return trained
+
+
+def run_config(task, spec: SweepSpec, run: Run) -> dict[str, Any]:
+  """The run's config.json: a restarted run must match it (`experiment.check_config`)."""
+  return dict(run=run.name, task=task.name,
+              aggregator_args=spec.aggregator_args.get(run.aggregator, {}),
+              attack_args=spec.attack_args.get(run.attack, {}),
+              **_client_work_config(spec),
+              **{k: v for k, v in spec.simulation_kwargs.items()
+                 if k != 'server_optimizer'})
+
+
+def run_fingerprint(task, spec: SweepSpec, run: Run) -> str:
+  """The run's ledger fingerprint: its config.json, the number of rounds, the
+  server optimizer, the local work (epochs, batch size, cap), how the data was built
+  (`Task.provenance`) and the partition (every client id with its example count)."""
+  partition = hashlib.sha256(json.dumps(sorted(task.client_weights.items()))
+                             .encode('utf-8')).hexdigest()
+  return ledger.fingerprint(dict(
+      run_config(task, spec, run), rounds=spec.rounds,
+      server_optimizer=_describe(spec.simulation_kwargs.get('server_optimizer')),
+      client_spec=dataclasses.asdict(task.client_spec),
+      data=dict(task.provenance), partition=partition))
+
+
+def _describe(optimizer) -> Optional[dict[str, Any]]:
+  """A TFF optimizer by its class and hyperparameters (its `str` has an address)."""
+  if optimizer is None:
+    return None
+  return dict(type=type(optimizer).__qualname__, **vars(optimizer))
+
+
+def finished_entries(task, spec: SweepSpec,
+                     output_dir: str) -> dict[ledger.Key, ledger.Entry]:
+  """Ledger entries of the runs of `spec` finished (or diverged) in `output_dir`."""
+  entries = {}
+  for run in spec.runs():
+    directory = run_dir(output_dir, run)
+    diverged = os.path.exists(os.path.join(directory, DIVERGED_MARKER))
+    if not diverged and experiment.finished_rounds(directory) < spec.rounds:
+      continue
+    rows = read_metrics(directory)
+    entries[(run.name, run_fingerprint(task, spec, run))] = ledger.Entry(
+        final_accuracy=_final_accuracy(rows), diverged=diverged,
+        secure_average_calls_per_round=_calls_per_round(rows))
+  return entries
+
+
+def recorded_results(task, spec: SweepSpec,
+                     entries: Mapping[ledger.Key, ledger.Entry]
+                     ) -> dict[str, ledger.Entry]:
+  """The entries of a ledger that are runs of `spec` on `task`, by run name."""
+  found = {}
+  for run in spec.runs():
+    entry = entries.get((run.name, run_fingerprint(task, spec, run)))
+    if entry is not None:
+      found[run.name] = entry
+  return found
 
 
 def _client_work_config(spec: SweepSpec) -> dict[str, Any]:
@@ -209,9 +272,19 @@ def _final_accuracy(rows) -> float:
   return evaluated[-1] if evaluated else math.nan
 
 
-def summarize(spec: SweepSpec, output_dir: str) -> list[dict[str, Any]]:
+def _calls_per_round(rows) -> float:
+  calls = [r['secure_average_calls'] for r in rows]
+  return float(np.mean(calls)) if calls else math.nan
+
+
+def summarize(spec: SweepSpec, output_dir: str,
+              recorded: Optional[Mapping[str, ledger.Entry]] = None
+              ) -> list[dict[str, Any]]:
   """One summary row per (variant, attack, rho), over seeds; `aggregator` is the
-  variant's label (the aggregator's name, '+wmβ' with worker momentum β)."""
+  variant's label (the aggregator's name, '+wmβ' with worker momentum β). A run
+  that `recorded` holds (run name → ledger entry, see `recorded_results`) is read
+  from there, any other from its directory in `output_dir`."""
+  recorded = recorded or {}
   summary = []
   for variant in spec.variants():
     for attack in spec.attacks:
@@ -219,12 +292,19 @@ def summarize(spec: SweepSpec, output_dir: str) -> list[dict[str, Any]]:
         finals, diverged, calls = [], 0, []
         for seed in spec.seeds:
           run = spec.run_for_cell(variant, attack, rho, seed)
+          if run.name in recorded:
+            entry = recorded[run.name]
+            finals.append(entry.final_accuracy)
+            diverged += entry.diverged
+            calls.append(entry.secure_average_calls_per_round)
+            continue
           directory = run_dir(output_dir, run)
           rows = read_metrics(directory)
           finals.append(_final_accuracy(rows))
           diverged += os.path.exists(os.path.join(directory, DIVERGED_MARKER))
           calls.extend(r['secure_average_calls'] for r in rows)
         values = np.array([v for v in finals if not math.isnan(v)])
+        calls = [c for c in calls if not math.isnan(c)]
         summary.append(dict(
             aggregator=variant.label, attack=attack, rho=rho,
             final_accuracy_mean=values.mean() if values.size else math.nan,

@@ -11,21 +11,60 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 
 
+def _leaderboard(output_dir, results_dir, readme, *flags):
+  return subprocess.run(
+      [sys.executable, '-m', 'tasks.binaries.leaderboard', '--data_source=synthetic',
+       '--aggregators=mean,bucketing+median', '--attacks=sign_flip,label_flip',
+       '--rhos=0,0.3', '--seeds=0', '--worker_momenta=0,0.5', '--rounds=1',
+       '--clients_per_round=4', '--noprogress', f'--output_dir={output_dir}',
+       f'--results_dir={results_dir}', f'--readme={readme}', *flags],
+      cwd=_REPO, capture_output=True, text=True, timeout=600, env=processes.quiet_env())
+
+
+def _table(page: str) -> str:
+  return page[page.index('| rank |'):]
+
+
 def test_leaderboard_runs_and_writes_its_pages(tmp_path):
   readme = tmp_path / 'README.md'
   readme.write_text(f'{leaderboard.README_BEGIN}\n{leaderboard.README_END}\n',
                     encoding='utf-8')
-  result = subprocess.run(
-      [sys.executable, '-m', 'tasks.binaries.leaderboard', '--data_source=synthetic',
-       '--aggregators=mean,bucketing+median', '--attacks=sign_flip,label_flip',
-       '--rhos=0,0.3', '--seeds=0', '--worker_momenta=0,0.5', '--rounds=1',
-       '--clients_per_round=4', '--noprogress', f'--output_dir={tmp_path / "runs"}',
-       f'--results_dir={tmp_path / "results"}', f'--readme={readme}'],
-      cwd=_REPO, capture_output=True, text=True, timeout=600, env=processes.quiet_env())
+  result = _leaderboard(tmp_path / 'runs', tmp_path / 'results', readme)
   assert result.returncode == 0, result.stderr[-3000:]
   page = (tmp_path / 'results' / 'leaderboard_emnist_linear.md').read_text()
+  assert '12 of its 12 runs are finished, 12 of them by this invocation' in page
   assert 'worst case ρ=0.3' in page
   for label in ('mean', 'mean +wm0.5', 'bucketing+median', 'bucketing+median +wm0.5'):
     assert f' | {label} | ' in page, label
   assert page.strip() in readme.read_text(encoding='utf-8')
   assert (tmp_path / 'results' / 'leaderboard_emnist_linear.png').stat().st_size > 5000
+
+
+def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):
+  results = tmp_path / 'results'
+  first = _leaderboard(tmp_path / 'runs', results, '', '--worker_momenta=0',
+                       '--attacks=sign_flip')
+  assert first.returncode == 0, first.stderr[-3000:]
+  ledger_path = results / 'leaderboard_emnist_linear_runs.csv'
+  assert len(ledger_path.read_text().splitlines()) == 1 + 4  # 2 rows × (clean, ρ=.3)
+  page = (results / 'leaderboard_emnist_linear.md').read_text()
+
+  # No run directories here: the ledger's runs are skipped, only new cells train,
+  # and the table keeps the ledger's numbers.
+  second = _leaderboard(tmp_path / 'elsewhere', results, '', '--worker_momenta=0')
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert second.stderr.count('in the ledger, skipped.') == 4
+  wider = (results / 'leaderboard_emnist_linear.md').read_text()
+  assert '6 of its 6 runs are finished, 2 of them by this invocation' in wider
+  assert len(ledger_path.read_text().splitlines()) == 1 + 6
+  for label in ('mean', 'bucketing+median'):
+    clean = next(line for line in _table(page).splitlines() if f' {label} ' in line)
+    assert clean.split('|')[3] in wider, label  # The same clean accuracy.
+
+  # A damaged ledger stops the binary before training, naming the file and the fix.
+  ledger_path.write_text('junk\n')
+  broken = _leaderboard(tmp_path / 'third', results, '', '--worker_momenta=0')
+  assert broken.returncode == 2
+  assert f'ERROR: {ledger_path}: line 1' in broken.stderr
+  assert 'git checkout' in broken.stderr
+  assert not (tmp_path / 'third' / 'runs').exists()

@@ -1,6 +1,7 @@
 """The sweep: runs every cell, skips finished runs, writes its table and plots."""
 
 import csv
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -73,3 +74,42 @@ class SweepTest(parameterized.TestCase):
     self.assertNotAlmostEqual(losses[0][1], losses[1][1], places=3)
     markdown = sweep.write_report(spec, output_dir)
     self.assertIn('| mean +wm0.9 |', markdown)
+
+
+class LedgerSweepTest(parameterized.TestCase):
+
+  def test_a_ledger_stands_in_for_the_run_directories(self):
+    first_dir = tempfile.mkdtemp(prefix='test_sweep_ledger_')
+    second_dir = tempfile.mkdtemp(prefix='test_sweep_ledger_')
+    for directory in (first_dir, second_dir):
+      self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+    task = builders.build_task('emnist', 'linear', source='synthetic',
+                               client_spec=builders.ClientSpec(1, 10))
+    spec = sweep.SweepSpec(
+        aggregators=['gm'], attacks=['sign_flip'], rhos=[0.0, 0.3], seeds=[0],
+        rounds=2, simulation_kwargs=dict(clients_per_round=3,
+                                         client_learning_rate=loop.StepSchedule(0.1)))
+    sweep.run_sweep(task, spec, first_dir, progress=False, log=lambda m: None)
+    entries = sweep.finished_entries(task, spec, first_dir)
+    self.assertLen(entries, 2)
+    expected = sweep.summarize(spec, first_dir)
+
+    # Another machine, with the ledger and no run directories, trains nothing and
+    # tabulates the same numbers.
+    messages = []
+    trained = sweep.run_sweep(task, spec, second_dir, progress=False,
+                              log=messages.append, recorded=entries)
+    self.assertEqual(trained, 0)
+    self.assertTrue(all(m.endswith('in the ledger, skipped.') for m in messages))
+    self.assertFalse(os.path.exists(os.path.join(second_dir, 'runs')))
+    recorded = sweep.recorded_results(task, spec, entries)
+    self.assertEqual(sweep.summarize(spec, second_dir, recorded), expected)
+
+    # Another protocol (more rounds, other local work or data) does not match.
+    for other_task, other_spec in (
+        (task, dataclasses.replace(spec, rounds=3)),
+        (builders.build_task('emnist', 'linear', source='synthetic',
+                             client_spec=builders.ClientSpec(2, 10)), spec),
+        (builders.build_task('emnist', 'linear', source='synthetic',
+                             client_spec=builders.ClientSpec(1, 10), seed=1), spec)):
+      self.assertEqual(sweep.recorded_results(other_task, other_spec, entries), {})
