@@ -221,6 +221,18 @@ class GatheringAggregationFactory(unit_weights.WeightedOrUnweightedFactory):
   def _server_aggregate(self, values, weights, state):
     raise NotImplementedError
 
+  def server_aggregate(self, values, weights, state):
+    """What the created process computes once the updates are gathered, as
+    TensorFlow ops: `values` (`[n, p]`, the flattened updates of the clients of
+    weight > 0, all finite), `weights` (`[n]` float32) and the state (a nest) →
+    `(aggregate vector, new state, measurements)`, the measurements those of the
+    created process (`num_clients`, then the subclass's). A simulation that already
+    holds every update in one place can call it without gathering them again."""
+    vector, new_state, extra = self._server_aggregate(values, weights, state)
+    measurements = collections.OrderedDict(num_clients=tf.shape(values)[0])
+    measurements.update(extra)
+    return vector, new_state, measurements
+
   def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     dtype = vector_dtype(value_type)
@@ -238,11 +250,8 @@ class GatheringAggregationFactory(unit_weights.WeightedOrUnweightedFactory):
 
     @tff.tensorflow.computation(state_type, gathered_type)
     def server_step(state, gathered):
-      values, weights = gathered.values, gathered.weights
-      vector, new_state, extra = self._server_aggregate(
-          values, weights, numerics.as_nest(state))
-      measurements = collections.OrderedDict(num_clients=tf.shape(values)[0])
-      measurements.update(extra)
+      vector, new_state, measurements = self.server_aggregate(
+          gathered.values, gathered.weights, numerics.as_nest(state))
       return unflatten(vector, value_type), new_state, measurements
 
     @tff.federated_computation()

@@ -1,15 +1,24 @@
 r"""Per-call time and peak memory of every registry aggregator against the mean.
 
-One aggregation of `--clients` updates of `--parameters` float32 through
-`tff.templates.AggregationProcess.next` in TFF's default (local C++) execution context.
-The client updates are generated inside the TFF worker from per-client seeds (as in
-training, where they are computed there), so the time and memory measured are the
-aggregation's, not those of shipping gigabytes from Python.
+One aggregation of `--clients` updates of `--parameters` float32, on one or both of
+two paths (`--paths`):
+
+  worker      the deployable path: `tff.templates.AggregationProcess.next` in TFF's
+              default (local C++) execution context, the client updates generated
+              inside the TFF worker from per-client seeds (as in training, where they
+              are computed there), so what is measured is the aggregation's, not the
+              cost of shipping gigabytes from Python.
+  simulation  the simulation's path (`tasks.simulation.loop`): the updates are numpy
+              arrays in Python, as the attacks leave them, and the round aggregates
+              them the way the loop does: a gathering baseline runs its server step
+              in this process (`tasks.simulation.gathered`), any other aggregator's
+              process receives them through TFF's worker.
 
 Every aggregator runs in its own Python subprocess (a clean peak), which
 starts its own `worker_binary`. Peak memory is VmHWM (peak resident set) of the Python
 process and of its worker_binary child, read after the timed calls and before the
-worker is stopped. Time is the median over `--calls` timed calls, after one untimed
+worker is stopped; on the simulation path the table's peak is their sum (the
+updates' own 4·n·p bytes in Python included, as the simulation holds them anyway). Time is the median over `--calls` timed calls, after one untimed
 call (tracing). Prints each aggregator's time and peaks, and the ratios to the mean's
 (time/mean, worker peak/mean). `generate only` is the cost of making the client
 updates inside every call (a computation that only generates them).
@@ -29,6 +38,7 @@ import subprocess
 import sys
 import time
 
+from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
@@ -36,6 +46,7 @@ import tensorflow_federated as tff
 
 from tasks import registry
 from tasks.binaries import exit_status
+from tasks.simulation import gathered
 from tff_robust import runtime
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients per aggregation.')
@@ -49,6 +60,11 @@ _BYZANTINE_FRACTION = flags.DEFINE_float(
 _ONE = flags.DEFINE_string(
     'one', None, 'Measure this one aggregator (or "generate_only") in this process and '
     'print one JSON line.')
+WORKER, SIMULATION = 'worker', 'simulation'
+_PATHS = flags.DEFINE_list(
+    'paths', [WORKER], f'"{WORKER}" (updates made in the TFF worker, the process '
+    f'as deployed) and/or "{SIMULATION}" (updates held in Python, aggregated as the '
+    'simulation loop does); with --one, the first.')
 
 GENERATE_ONLY = 'generate_only'
 _KIB = 1024
@@ -118,19 +134,37 @@ def generation_only(num_parameters):
   return generate
 
 
-def measure_one(name, num_clients, num_parameters, num_calls):
+def python_updates(num_clients, num_parameters):
+  """The simulation's form of the updates: one list of float32 arrays per client
+  (uniform in [-1, 1), per-client seeds) and one weight (1 + seed mod 3) each."""
+  updates = [[np.random.default_rng(seed).uniform(-1, 1, num_parameters)
+              .astype(np.float32)] for seed in range(num_clients)]
+  return updates, [np.float32(1 + seed % 3) for seed in range(num_clients)]
+
+
+def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
   """Time and peak memory of `name`'s aggregation in this process and its worker."""
   seeds = list(range(num_clients))
+  if path == SIMULATION:
+    updates, weights = python_updates(num_clients, num_parameters)
   if name == GENERATE_ONLY:
     computation = generation_only(num_parameters)
-    call = lambda: computation(seeds)
+    call = ((lambda: computation(seeds)) if path == WORKER else
+            (lambda: python_updates(num_clients, num_parameters)))
   else:
     factory = registry.aggregator_from_name(name, **aggregator_kwargs(name))
-    process = factory.create(tff.TensorType(np.float32, [num_parameters]),
-                             tff.TensorType(np.float32))
-    computation = aggregation_from_seeds(process, num_parameters)
+    vector_type = tff.TensorType(np.float32, [num_parameters])
+    # The simulation's updates are lists of the model's variables.
+    value_type = vector_type if path == WORKER else tff.types.to_type([vector_type])
+    process = factory.create(value_type, tff.TensorType(np.float32))
     state = process.initialize()
-    call = lambda: computation(state, seeds)
+    if path == WORKER:
+      computation = aggregation_from_seeds(process, num_parameters)
+      call = lambda: computation(state, seeds)
+    else:
+      aggregate = (gathered.in_process_aggregation(factory, value_type) or
+                   process.next)
+      call = lambda: aggregate(state, updates, weights)
   call()  # The measured aggregation when num_calls is 0; else untimed (tracing).
   seconds = []
   for _ in range(num_calls):
@@ -139,18 +173,19 @@ def measure_one(name, num_clients, num_parameters, num_calls):
     seconds.append(time.perf_counter() - start)
   workers = runtime.worker_binaries()
   return dict(
-      name=name, clients=num_clients, parameters=num_parameters,
+      name=name, path=path, clients=num_clients, parameters=num_parameters,
       seconds=statistics.median(seconds) if seconds else None,
       python_peak_bytes=peak_rss_bytes(os.getpid()),
       worker_peak_bytes=sum(peak_rss_bytes(pid) for pid in workers),
       worker_pids=workers)
 
 
-def run_in_subprocess(name):
+def run_in_subprocess(name, path):
   command = [
       sys.executable, '-m', 'benchmarks.aggregator_memory_time', f'--one={name}',
-      f'--clients={_CLIENTS.value}', f'--parameters={_PARAMETERS.value}',
-      f'--calls={_CALLS.value}', f'--byzantine_fraction={_BYZANTINE_FRACTION.value}'
+      f'--paths={path}', f'--clients={_CLIENTS.value}',
+      f'--parameters={_PARAMETERS.value}', f'--calls={_CALLS.value}',
+      f'--byzantine_fraction={_BYZANTINE_FRACTION.value}'
   ]
   output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
   return json.loads(output.strip().splitlines()[-1])
@@ -160,28 +195,44 @@ def _gib(num_bytes):
   return num_bytes / 2**30
 
 
+def _peak(result):
+  """The path's peak: the worker's where the updates are made there; on the
+  simulation path Python's and the worker's, which hold copies at the same time."""
+  if result['path'] == WORKER:
+    return result['worker_peak_bytes']
+  return result['worker_peak_bytes'] + result['python_peak_bytes']
+
+
 def main(argv):
   del argv
+  paths = _PATHS.value
+  unknown = sorted(set(paths) - {WORKER, SIMULATION})
+  if unknown or not paths:
+    raise app.UsageError(f'--paths takes {WORKER} and/or {SIMULATION}, got '
+                         f'{",".join(paths) or "nothing"}.')
   if _ONE.value:
     with runtime.worker_binaries_stopped():
-      result = measure_one(_ONE.value, _CLIENTS.value, _PARAMETERS.value, _CALLS.value)
+      result = measure_one(_ONE.value, _CLIENTS.value, _PARAMETERS.value,
+                           _CALLS.value, paths[0])
     print(json.dumps(result))
     return
   names = ['mean'] + [n for n in _AGGREGATORS.value if n != 'mean']
   print(f'{_CLIENTS.value} clients x {_PARAMETERS.value:,} float32 '
         f'({_gib(4 * _CLIENTS.value * _PARAMETERS.value):.2f} GiB of updates), '
-        f'median of {_CALLS.value} calls, each aggregator in its own process:')
-  print(f'  {"aggregator":<20s} {"s/call":>8s} {"time/mean":>9s} '
-        f'{"worker peak":>11s} {"peak/mean":>9s} {"python peak":>11s}')
+        f'median of {_CALLS.value} calls, each aggregator in its own process; peak: '
+        'the worker\'s (worker path), Python + worker (simulation path):')
+  print(f'  {"aggregator":<28s} {"path":<10s} {"s/call":>8s} {"time/mean":>9s} '
+        f'{"peak":>9s} {"peak/mean":>9s} {"python peak":>11s}')
   results = {}
   for name in [GENERATE_ONLY] + names:
-    result = results[name] = run_in_subprocess(name)
-    mean = results.get('mean', result)
-    print(f'  {name:<20s} {result["seconds"]:8.2f} '
-          f'{result["seconds"] / mean["seconds"]:9.2f} '
-          f'{_gib(result["worker_peak_bytes"]):9.2f} G '
-          f'{result["worker_peak_bytes"] / mean["worker_peak_bytes"]:9.2f} '
-          f'{_gib(result["python_peak_bytes"]):9.2f} G', flush=True)
+    for path in paths:
+      result = results[name, path] = run_in_subprocess(name, path)
+      mean = results.get(('mean', path), result)
+      print(f'  {name:<28s} {path:<10s} {result["seconds"]:8.2f} '
+            f'{result["seconds"] / mean["seconds"]:9.2f} '
+            f'{_gib(_peak(result)):7.2f} G '
+            f'{_peak(result) / _peak(mean):9.2f} '
+            f'{_gib(result["python_peak_bytes"]):9.2f} G', flush=True)
 
 
 if __name__ == '__main__':

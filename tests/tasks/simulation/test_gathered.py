@@ -1,0 +1,92 @@
+"""The simulation's in-process server step of the gathering baselines returns what
+their federated process returns: result, state and measurements, round after round."""
+
+import collections
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tasks import registry
+from tasks.simulation import gathered
+
+# The simulation's value type: the model's trainable variables as a list.
+_VALUE_TYPE = tff.types.to_type([tff.TensorType(np.float32, [3, 2]),
+                                 tff.TensorType(np.float32, [4])])
+_WEIGHT_TYPE = tff.TensorType(np.float32)
+_NUM_CLIENTS = 9
+
+
+def _clients(kind: str, seed: int):
+  """Updates (lists of arrays) and weights of one round."""
+  rng = np.random.default_rng(seed)
+  matrix = rng.normal(size=(_NUM_CLIENTS, 10)).astype(np.float32)
+  weights = rng.integers(1, 50, size=_NUM_CLIENTS).astype(np.float32)
+  if kind == 'faulty':
+    matrix[1, 3] = np.nan
+    matrix[4, 0] = np.inf
+    weights[6] = 0.0
+    weights[7] = np.nan
+  elif kind == 'attacked':
+    matrix[:2] = -1e30 * matrix[2:].mean(axis=0)  # Far out, and equal.
+    matrix[2] = matrix[3]                            # A tie.
+  updates = [[row[:6].reshape(3, 2), row[6:]] for row in matrix]
+  return updates, weights
+
+
+def _assert_same(testcase, expected, actual, path=''):
+  flat_expected, flat_actual = tf.nest.flatten(expected), tf.nest.flatten(actual)
+  testcase.assertLen(flat_actual, len(flat_expected), path)
+  for e, a in zip(flat_expected, flat_actual):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(e, np.float64),
+                               rtol=1e-6, atol=1e-6, err_msg=path)
+
+
+class InProcessAggregationTest(parameterized.TestCase):
+
+  @parameterized.product(
+      name=['median', 'trimmed_mean', 'krum', 'multi_krum', 'centered_clipping',
+            'gathered_gm', 'bucketing+median', 'bucketing+krum', 'nnm+gm',
+            'nnm+trimmed_mean'],
+      kind=['random', 'faulty', 'attacked'])
+  def test_equals_the_federated_process(self, name, kind):
+    factory = registry.aggregator_from_name(name, assumed_byzantine_fraction=0.2)
+    process = factory.create(_VALUE_TYPE, _WEIGHT_TYPE)
+    aggregate = gathered.in_process_aggregation(factory, _VALUE_TYPE)
+    self.assertIsNotNone(aggregate)
+    federated_state = in_process_state = process.initialize()
+    for round_num in range(3):  # Stateful ones (bucketing, centered clipping) move.
+      updates, weights = _clients(kind, seed=round_num)
+      expected = process.next(federated_state, updates, list(weights))
+      actual = aggregate(in_process_state, updates, list(weights))
+      _assert_same(self, expected.result, actual.result, f'{name} result')
+      self.assertEqual(list(expected.measurements), list(actual.measurements))
+      _assert_same(self, expected.measurements, actual.measurements, f'{name} meas.')
+      _assert_same(self, expected.state, actual.state, f'{name} state')
+      self.assertEqual(tf.nest.map_structure(lambda _: 0, expected.state),
+                       tf.nest.map_structure(lambda _: 0, actual.state))
+      federated_state, in_process_state = expected.state, actual.state
+
+  @parameterized.parameters('mean', 'gm', 'one_step_gm', 'gma', 'norm_clipping',
+                            'secure_centered_clipping', 'arc+median')
+  def test_only_gathering_baselines_take_the_shortcut(self, name):
+    factory = registry.aggregator_from_name(name)
+    self.assertIsNone(gathered.in_process_aggregation(factory, _VALUE_TYPE))
+
+  def test_every_client_non_finite_leaves_an_empty_matrix(self):
+    factory = registry.aggregator_from_name('median')
+    process = factory.create(_VALUE_TYPE, _WEIGHT_TYPE)
+    aggregate = gathered.in_process_aggregation(factory, _VALUE_TYPE)
+    updates, weights = _clients('random', 0)
+    updates = [[np.full_like(leaf, np.nan) for leaf in update] for update in updates]
+    expected = process.next(process.initialize(), updates, list(weights))
+    actual = aggregate(process.initialize(), updates, list(weights))
+    _assert_same(self, expected.result, actual.result)
+    self.assertEqual(actual.measurements['num_nonfinite_clients'], _NUM_CLIENTS)
+    self.assertEqual(actual.measurements['num_clients'], 0)
+
+
+if __name__ == '__main__':
+  absltest.main()
