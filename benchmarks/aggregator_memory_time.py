@@ -145,7 +145,7 @@ def python_updates(num_clients, num_parameters):
 def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
   """Time and peak memory of `name`'s aggregation in this process and its worker."""
   seeds = list(range(num_clients))
-  if path == SIMULATION:
+  if path == SIMULATION and name != GENERATE_ONLY:
     updates, weights = python_updates(num_clients, num_parameters)
   if name == GENERATE_ONLY:
     computation = generation_only(num_parameters)

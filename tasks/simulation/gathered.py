@@ -8,7 +8,7 @@ front of them) would then have TFF's runtime take the n updates back, filter the
 flatten them and stack them at the server, and that runtime keeps every intermediate
 until the call ends: about 8 copies of the `[n, p]` matrix (9.9 GB for the median of
 50 × 6.4M float32, whose matrix is 1.3 GB). Here the finite updates are written once
-into one matrix and the factory's own `server_aggregate`, the TensorFlow ops its
+into one matrix, which TensorFlow reads in place, and the factory's own `server_aggregate`, the TensorFlow ops its
 federated process runs after gathering, runs on it in this process.
 
 The process a user deploys is untouched; the shortcut is taken only for the registry's
@@ -85,13 +85,27 @@ def in_process_aggregation(factory: tff.aggregators.WeightedAggregationFactory,
   return aggregate
 
 
-def _stacked(updates: Sequence[Sequence[np.ndarray]], size: int, dtype) -> np.ndarray:
-  """The `[n, size]` matrix of the clients' leaves, flattened, written row by row (no
-  intermediate copy of the whole list)."""
-  values = np.empty([len(updates), size], dtype)
+def _stacked(updates: Sequence[Sequence[np.ndarray]], size: int, dtype) -> tf.Tensor:
+  """The `[n, size]` matrix of the clients' leaves, flattened, as a tensor: written row
+  by row into one buffer that TensorFlow then uses in place (DLPack). Converting a
+  numpy matrix would take two more copies of it (measured: 2.4 GB for 1.2 GB)."""
+  values = _aligned_empty([len(updates), size], dtype)
   for row, update in zip(values, updates):
     offset = 0
     for leaf in update:
       row[offset:offset + leaf.size] = leaf.reshape(-1)
       offset += leaf.size
-  return values
+  return tf.experimental.dlpack.from_dlpack(values.__dlpack__())
+
+
+def _aligned_empty(shape, dtype) -> np.ndarray:
+  """An uninitialized array whose data TensorFlow accepts without a copy: TensorFlow
+  requires `Allocator::kAllocatorAlignment` (64-byte) aligned buffers, numpy gives 16."""
+  dtype = np.dtype(dtype)
+  num_bytes = int(np.prod(shape)) * dtype.itemsize
+  raw = np.empty(num_bytes + _ALIGNMENT, np.uint8)
+  offset = -raw.ctypes.data % _ALIGNMENT
+  return raw[offset:offset + num_bytes].view(dtype).reshape(shape)
+
+
+_ALIGNMENT = 64
