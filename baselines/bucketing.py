@@ -55,9 +55,10 @@ class BucketingFactory(gather.GatheringAggregationFactory):
   `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, result=value@SERVER,
   measurements@SERVER>)`; the state is `<round=int64, inner=<the inner state>>`.
   The inner aggregator sees each bucket mean with the bucket's total weight.
-  Measurements: the inner aggregator's (computed on the buckets, e.g. its
-  `num_byzantine` for Krum counts buckets), then `num_clients` and
-  `num_nonfinite_clients` of the clients, and `num_buckets`.
+  Measurements, in order: `num_clients` (clients, not buckets), the inner
+  aggregator's own (computed on the buckets, e.g. Krum's `num_byzantine` counts
+  buckets), `num_buckets`, and, behind the registry's non-finite filter,
+  `num_nonfinite_clients`.
 
   NOT compatible with secure aggregation: every client's update reaches the server.
   """

@@ -5,6 +5,7 @@
 """
 
 import dataclasses
+import os
 from typing import Optional
 
 from tasks.builders import emnist
@@ -57,5 +58,8 @@ def build_task(task: str, model: str, source: str = 'synthetic',
   built = module.build(model, source=source, data_dir=data_dir,
                        client_spec=client_spec, num_clients=num_clients, seed=seed,
                        **source_kwargs)
+  # Files by name only: the same data lies in other directories on other machines.
+  options = {name: os.path.basename(value) if name.endswith('_path') and value else value
+             for name, value in source_kwargs.items()}
   return dataclasses.replace(built, provenance=dict(
-      source=source, num_clients=num_clients, seed=seed, **source_kwargs))
+      source=source, num_clients=num_clients, seed=seed, **options))

@@ -3,13 +3,14 @@ updates Python already holds, instead of gathering them again through TFF.
 
 In the simulation every client update reaches Python (the attacks act on them) before
 the aggregator runs. A gathering baseline (`baselines.gather.GatheringAggregationFactory`:
-median, trimmed mean, Krum, centered clipping, the gathered GM, and bucketing or NNM in
-front of them) would then have TFF's runtime take the n updates back, filter them,
-flatten them and stack them at the server, and that runtime keeps every intermediate
-until the call ends: about 8 copies of the `[n, p]` matrix (9.9 GB for the median of
-50 × 6.4M float32, whose matrix is 1.3 GB). Here the finite updates are written once
-into one matrix, which TensorFlow reads in place, and the factory's own `server_aggregate`, the TensorFlow ops its
-federated process runs after gathering, runs on it in this process.
+median, trimmed mean, Krum, centered clipping, the gathered GM, and bucketing or NNM
+in front of them) would then have TFF's runtime take the n updates back, filter
+them, flatten them and stack them at the server, and that runtime keeps every
+intermediate until the call ends: about 8 copies of the `[n, p]` matrix (9.9 GB for
+the median of 50 × 6.4M float32, whose matrix is 1.2 GB). Here the finite updates are
+written once into one matrix, which TensorFlow reads in place, and the factory's own
+`server_aggregate`, the TensorFlow ops its federated process runs after gathering,
+runs on it in this process.
 
 The process a user deploys is untouched; the shortcut is taken only for the registry's
 form of a gathering aggregator (`tff_robust.NonfiniteFilteringFactory` around a
@@ -48,6 +49,7 @@ def in_process_aggregation(factory: tff.aggregators.WeightedAggregationFactory,
   gathering = factory.inner
   dtype = gather.vector_dtype(value_type).as_numpy_dtype
   size = gather.num_parameters(value_type)
+  shapes = [tuple(leaf.shape) for leaf in gather.leaf_types(value_type)]
 
   def server_step(values, weights, state):
     vector, new_state, measurements = gathering.server_aggregate(values, weights, state)
@@ -66,8 +68,7 @@ def in_process_aggregation(factory: tff.aggregators.WeightedAggregationFactory,
 
   def aggregate(state, updates, weights):
     weights = np.asarray(weights, np.float32)
-    updates = [[np.asarray(leaf) for leaf in gather.leaf_values(update)]
-               for update in updates]
+    updates = [_leaves(update, shapes) for update in updates]
     finite = [bool(np.isfinite(w)) and all(np.isfinite(leaf).all() for leaf in update)
               for update, w in zip(updates, weights)]
     kept = [i for i, ok in enumerate(finite) if ok and weights[i] > 0]
@@ -83,6 +84,17 @@ def in_process_aggregation(factory: tff.aggregators.WeightedAggregationFactory,
         measurements=measurements)
 
   return aggregate
+
+
+def _leaves(update, shapes) -> list[np.ndarray]:
+  """The update's leaves as arrays, checked against the value type's shapes (the
+  federated process would refuse a value of another type)."""
+  leaves = [np.asarray(leaf) for leaf in gather.leaf_values(update)]
+  if [leaf.shape for leaf in leaves] != shapes:
+    raise TypeError(f'A client update has leaves of shapes '
+                    f'{[leaf.shape for leaf in leaves]}; the aggregator was created '
+                    f'for {shapes}.')
+  return leaves
 
 
 def _stacked(updates: Sequence[Sequence[np.ndarray]], size: int, dtype) -> tf.Tensor:

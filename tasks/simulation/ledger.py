@@ -14,6 +14,7 @@ learning rate, data partition, ...) is kept in the file but never used for that 
 
 import csv
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
@@ -55,30 +56,49 @@ def read(path: str) -> dict[Key, Entry]:
   """The entries of the ledger at `path`; empty when there is no file yet.
 
   Raises:
-    LedgerError: a malformed header or row, naming its line.
+    LedgerError: an undecodable file, a wrong header, a malformed row (naming its
+      line) or a git conflict left in it.
   """
   if not os.path.exists(path):
     return {}
-  fix = (f'Restore it (e.g. `git checkout -- {path}`) or move it away: its runs are '
-         'then trained again.')
+  try:
+    with open(path, newline='', encoding='utf-8') as f:
+      return _entries(path, f.read().splitlines())
+  except (UnicodeDecodeError, csv.Error) as e:
+    raise LedgerError(f'{path}: unreadable ({e}). {_fix(path)}') from e
+
+
+def _fix(path: str) -> str:
+  return (f'Restore it (e.g. `git checkout -- {path}`) or move it away: its runs are '
+          'then trained again.')
+
+
+def _entries(path: str, lines: list[str]) -> dict[Key, Entry]:
+  for number, line in enumerate(lines, start=1):
+    if line.startswith(('<<<<<<<', '=======', '>>>>>>>')):
+      raise LedgerError(
+          f'{path}: line {number} is a git conflict marker. Keep the rows of both '
+          'sides (each run once) and delete the markers: rows of other runs never '
+          'conflict, `.gitattributes` merges this file by union.')
+  reader = csv.DictReader(lines)
+  if tuple(reader.fieldnames or ()) != FIELDS:
+    raise LedgerError(f'{path}: line 1 is not the ledger header '
+                      f'{",".join(FIELDS)}. {_fix(path)}')
   entries = {}
-  with open(path, newline='', encoding='utf-8') as f:
-    reader = csv.DictReader(f)
-    if tuple(reader.fieldnames or ()) != FIELDS:
-      raise LedgerError(f'{path}: line 1 is not the ledger header '
-                        f'{",".join(FIELDS)}. {fix}')
-    for row in reader:
-      try:
-        entry = Entry(final_accuracy=float(row['final_accuracy']),
-                      diverged=_boolean(row['diverged']),
-                      secure_average_calls_per_round=float(
-                          row['secure_average_calls_per_round']))
-        if not row['run'] or not row['fingerprint']:
-          raise ValueError('empty run name or fingerprint')
-      except (TypeError, ValueError) as e:
-        raise LedgerError(f'{path}: line {reader.line_num} is malformed ({e}). '
-                          f'{fix}') from e
-      entries[(row['run'], row['fingerprint'])] = entry
+  for row in reader:
+    try:
+      if None in row or None in row.values():
+        raise ValueError(f'{len(FIELDS)} columns expected')
+      if not row['run'] or not row['fingerprint']:
+        raise ValueError('empty run name or fingerprint')
+      entry = Entry(final_accuracy=float(row['final_accuracy']),
+                    diverged=_boolean(row['diverged']),
+                    secure_average_calls_per_round=float(
+                        row['secure_average_calls_per_round']))
+    except ValueError as e:
+      raise LedgerError(f'{path}: line {reader.line_num} is malformed ({e}). '
+                        f'{_fix(path)}') from e
+    entries[(row['run'], row['fingerprint'])] = entry
   return entries
 
 
@@ -109,9 +129,15 @@ def _number(value: float) -> str:
 
 
 def merge(path: str, new: Mapping[Key, Entry]) -> dict[Key, Entry]:
-  """Adds `new` to the ledger at `path` (re-read first, so the entries another slice
-  wrote meanwhile stay) and returns the whole ledger."""
-  entries = read(path)
-  entries.update(new)
-  write(path, entries)
+  """Adds `new` to the ledger at `path` and returns the whole ledger. The file is
+  re-read under an exclusive lock, so entries that slices running side by side write
+  at the same time all stay."""
+  directory = os.path.dirname(path)
+  if directory:
+    os.makedirs(directory, exist_ok=True)
+  with open(path + '.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    entries = read(path)
+    entries.update(new)
+    write(path, entries)
   return entries

@@ -44,6 +44,11 @@ from tasks.simulation import ledger
 from tasks.simulation import loop
 
 DIVERGED_MARKER = 'DIVERGED'
+# Written by a run when it finishes: its ledger fingerprint (`run_fingerprint`).
+FINGERPRINT_FILE = 'FINGERPRINT'
+# Bumped when a change to the code changes what a run of the same settings computes,
+# so that ledger entries of the older code are no longer taken for runs of this one.
+FINGERPRINT_VERSION = 1
 CLEAN = attacks.NO_ATTACK
 
 
@@ -147,12 +152,15 @@ def run_dir(output_dir: str, run: Run) -> str:
 def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
               checkpoint_period: int = 1,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-              recorded: Optional[Mapping[ledger.Key, ledger.Entry]] = None) -> int:
+              recorded: Optional[Mapping[ledger.Key, ledger.Entry]] = None,
+              ledger_path: Optional[str] = None) -> int:
   """Runs (or resumes) every run of `spec` on `task`, sequentially, in-process;
   returns how many runs it trained. Finished runs are skipped, and so are the runs
   `recorded` (a ledger, `tasks.simulation.ledger`) holds with this task's and spec's
   fingerprint. Each run checkpoints every `checkpoint_period` rounds
-  (`experiment.run_experiment`)."""
+  (`experiment.run_experiment`). A run that finishes (or diverges) writes its
+  fingerprint into its directory (`FINGERPRINT_FILE`) and, with `ledger_path`, its
+  entry into that ledger at once, so a killed sweep keeps every finished run."""
   runs = spec.runs()
   recorded = recorded or {}
   trained = 0
@@ -165,7 +173,8 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     if experiment.finished_rounds(directory) >= spec.rounds:
       log(f'{label}: finished, skipped.')
       continue
-    if (run.name, run_fingerprint(task, spec, run)) in recorded:
+    fingerprint = run_fingerprint(task, spec, run)
+    if (run.name, fingerprint) in recorded:
       log(f'{label}: in the ledger, skipped.')
       continue
     trained += 1
@@ -187,6 +196,10 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
       log(f'{label}: {e}')
       with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:
         f.write(str(e) + '\n')
+    with open(os.path.join(directory, FINGERPRINT_FILE), 'w') as f:
+      f.write(fingerprint + '\n')
+    if ledger_path:
+      ledger.merge(ledger_path, {(run.name, fingerprint): _entry(directory)})
   return trained
 
 
@@ -201,16 +214,27 @@ def run_config(task, spec: SweepSpec, run: Run) -> dict[str, Any]:
 
 
 def run_fingerprint(task, spec: SweepSpec, run: Run) -> str:
-  """The run's ledger fingerprint: its config.json, the number of rounds, the
+  """The run's ledger fingerprint: its config.json, the number of rounds and the
+  evaluation period (a diverged run's final accuracy is its last evaluation), the
   server optimizer, the local work (epochs, batch size, cap), how the data was built
-  (`Task.provenance`) and the partition (every client id with its example count)."""
-  partition = hashlib.sha256(json.dumps(sorted(task.client_weights.items()))
-                             .encode('utf-8')).hexdigest()
+  (`Task.provenance`), the partition (every client id with its example count) and
+  `FINGERPRINT_VERSION`."""
   return ledger.fingerprint(dict(
-      run_config(task, spec, run), rounds=spec.rounds,
+      run_config(task, spec, run), rounds=spec.rounds, eval_period=spec.eval_period,
       server_optimizer=_describe(spec.simulation_kwargs.get('server_optimizer')),
-      client_spec=dataclasses.asdict(task.client_spec),
-      data=dict(task.provenance), partition=partition))
+      client_spec=dataclasses.asdict(task.client_spec), data=dict(task.provenance),
+      partition=_partition_digest(task), version=FINGERPRINT_VERSION))
+
+
+def _partition_digest(task) -> str:
+  # Cached on the task's id (one digest per task, not per run of a sweep).
+  if id(task) not in _PARTITIONS:
+    _PARTITIONS[id(task)] = (task, hashlib.sha256(json.dumps(sorted(
+        task.client_weights.items())).encode('utf-8')).hexdigest())
+  return _PARTITIONS[id(task)][1]
+
+
+_PARTITIONS: dict[int, tuple[Any, str]] = {}
 
 
 def _describe(optimizer) -> Optional[dict[str, Any]]:
@@ -222,18 +246,33 @@ def _describe(optimizer) -> Optional[dict[str, Any]]:
 
 def finished_entries(task, spec: SweepSpec,
                      output_dir: str) -> dict[ledger.Key, ledger.Entry]:
-  """Ledger entries of the runs of `spec` finished (or diverged) in `output_dir`."""
+  """Ledger entries of the runs of `spec` finished (or diverged) in `output_dir` with
+  this task's and spec's settings: those whose `FINGERPRINT_FILE` is the run's
+  fingerprint (a run finished with other settings, or before fingerprints, is not
+  taken for one of these)."""
   entries = {}
   for run in spec.runs():
     directory = run_dir(output_dir, run)
-    diverged = os.path.exists(os.path.join(directory, DIVERGED_MARKER))
-    if not diverged and experiment.finished_rounds(directory) < spec.rounds:
-      continue
-    rows = read_metrics(directory)
-    entries[(run.name, run_fingerprint(task, spec, run))] = ledger.Entry(
-        final_accuracy=_final_accuracy(rows), diverged=diverged,
-        secure_average_calls_per_round=_calls_per_round(rows))
+    fingerprint = run_fingerprint(task, spec, run)
+    if _stored_fingerprint(directory) == fingerprint:
+      entries[(run.name, fingerprint)] = _entry(directory)
   return entries
+
+
+def _stored_fingerprint(directory: str) -> Optional[str]:
+  path = os.path.join(directory, FINGERPRINT_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return f.read().strip()
+
+
+def _entry(directory: str) -> ledger.Entry:
+  rows = read_metrics(directory)
+  return ledger.Entry(
+      final_accuracy=_final_accuracy(rows),
+      diverged=os.path.exists(os.path.join(directory, DIVERGED_MARKER)),
+      secure_average_calls_per_round=_calls_per_round(rows))
 
 
 def recorded_results(task, spec: SweepSpec,

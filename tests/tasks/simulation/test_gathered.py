@@ -9,8 +9,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import builders
 from tasks import registry
 from tasks.simulation import gathered
+from tasks.simulation import loop
 
 # The simulation's value type: the model's trainable variables as a list.
 _VALUE_TYPE = tff.types.to_type([tff.TensorType(np.float32, [3, 2]),
@@ -74,6 +76,37 @@ class InProcessAggregationTest(parameterized.TestCase):
   def test_only_gathering_baselines_take_the_shortcut(self, name):
     factory = registry.aggregator_from_name(name)
     self.assertIsNone(gathered.in_process_aggregation(factory, _VALUE_TYPE))
+
+  def test_float64_updates(self):
+    value_type = tff.types.to_type([tff.TensorType(np.float64, [5])])
+    factory = registry.aggregator_from_name('trimmed_mean')
+    process = factory.create(value_type, _WEIGHT_TYPE)
+    aggregate = gathered.in_process_aggregation(factory, value_type)
+    rng = np.random.default_rng(3)
+    updates = [[rng.normal(size=5) * 1e200] for _ in range(6)]  # Beyond float32.
+    weights = [np.float32(w) for w in rng.integers(1, 9, size=6)]
+    expected = process.next(process.initialize(), updates, weights)
+    actual = aggregate(process.initialize(), updates, weights)
+    self.assertEqual(actual.result[0].dtype, np.float64)
+    np.testing.assert_allclose(actual.result[0], expected.result[0], rtol=1e-12)
+
+  def test_an_update_of_another_shape_is_refused(self):
+    factory = registry.aggregator_from_name('median')
+    process = factory.create(_VALUE_TYPE, _WEIGHT_TYPE)
+    aggregate = gathered.in_process_aggregation(factory, _VALUE_TYPE)
+    updates, weights = _clients('random', 0)
+    updates[3] = [updates[3][0], updates[3][1][:2]]
+    with self.assertRaisesRegex(TypeError, r'shapes .*\(2,\).* created for'):
+      aggregate(process.initialize(), updates, list(weights))
+
+  @parameterized.parameters(('median', True), ('bucketing+krum', True), ('gm', False))
+  def test_the_simulation_takes_the_shortcut(self, name, expected):
+    task = builders.build_task('emnist', 'linear', source='synthetic',
+                               client_spec=builders.ClientSpec(1, 10))
+    simulation = loop.Simulation(
+        task, registry.aggregator_from_name(name, assumed_byzantine_fraction=0.1))
+    # pylint: disable=protected-access
+    self.assertEqual(simulation._aggregate != simulation._aggregation.next, expected)
 
   def test_every_client_non_finite_leaves_an_empty_matrix(self):
     factory = registry.aggregator_from_name('median')

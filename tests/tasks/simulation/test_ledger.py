@@ -73,12 +73,29 @@ class LedgerTest(parameterized.TestCase):
       ('bad_flag', ','.join(ledger.FIELDS) + '\nx,abc,0.5,yes,1\n', 'line 2'),
       ('cut_row', ','.join(ledger.FIELDS) + '\nx,abc,0.5,0,1\ny,abd,0.5\n', 'line 3'),
       ('no_name', ','.join(ledger.FIELDS) + '\n,abc,0.5,0,1\n', 'line 2'),
+      ('extra_column', ','.join(ledger.FIELDS) + '\nx,abc,0.5,0,1,7\n', 'line 2'),
   )
   def test_a_damaged_ledger_names_the_file_the_line_and_the_fix(self, text, line):
     path = os.path.join(self._directory(), 'ledger.csv')
     with open(path, 'w') as f:
       f.write(text)
     with self.assertRaisesRegex(ledger.LedgerError, f'{path}: {line} .*git checkout'):
+      ledger.read(path)
+
+  def test_undecodable_bytes_are_a_ledger_error(self):
+    path = os.path.join(self._directory(), 'ledger.csv')
+    with open(path, 'wb') as f:
+      f.write(','.join(ledger.FIELDS).encode() + b'\n\xff\xfe,abc,0.5,0,1\n')
+    with self.assertRaisesRegex(ledger.LedgerError, f'{path}: unreadable .*git checkout'):
+      ledger.read(path)
+
+  def test_a_git_conflict_says_how_to_resolve_it(self):
+    path = os.path.join(self._directory(), 'ledger.csv')
+    header = ','.join(ledger.FIELDS)
+    with open(path, 'w') as f:
+      f.write(f'{header}\n<<<<<<< HEAD\na,f,0.5,0,1\n=======\nb,f,0.6,0,1\n>>>>>>> x\n')
+    with self.assertRaisesRegex(ledger.LedgerError,
+                                f'{path}: line 2 is a git conflict marker. Keep'):
       ledger.read(path)
 
 

@@ -4,13 +4,20 @@ import csv
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 from absl.testing import parameterized
 
 from tasks import builders
+from tasks.simulation import ledger
 from tasks.simulation import loop
 from tasks.simulation import sweep
+from tests.helpers import processes
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 
 
 class SweepTest(parameterized.TestCase):
@@ -89,9 +96,12 @@ class LedgerSweepTest(parameterized.TestCase):
         aggregators=['gm'], attacks=['sign_flip'], rhos=[0.0, 0.3], seeds=[0],
         rounds=2, simulation_kwargs=dict(clients_per_round=3,
                                          client_learning_rate=loop.StepSchedule(0.1)))
-    sweep.run_sweep(task, spec, first_dir, progress=False, log=lambda m: None)
+    ledger_path = os.path.join(first_dir, 'ledger.csv')
+    sweep.run_sweep(task, spec, first_dir, progress=False, log=lambda m: None,
+                    ledger_path=ledger_path)
     entries = sweep.finished_entries(task, spec, first_dir)
     self.assertLen(entries, 2)
+    self.assertEqual(ledger.read(ledger_path), entries)  # Entered as they finished.
     expected = sweep.summarize(spec, first_dir)
 
     # Another machine, with the ledger and no run directories, trains nothing and
@@ -113,3 +123,42 @@ class LedgerSweepTest(parameterized.TestCase):
         (builders.build_task('emnist', 'linear', source='synthetic',
                              client_spec=builders.ClientSpec(1, 10), seed=1), spec)):
       self.assertEqual(sweep.recorded_results(other_task, other_spec, entries), {})
+
+  def test_a_run_finished_with_other_settings_is_not_entered(self):
+    output_dir = tempfile.mkdtemp(prefix='test_sweep_ledger_')
+    self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
+    task = builders.build_task('emnist', 'linear', source='synthetic',
+                               client_spec=builders.ClientSpec(1, 10))
+    spec = sweep.SweepSpec(
+        aggregators=['mean'], attacks=['sign_flip'], rhos=[0.0], seeds=[0], rounds=1,
+        simulation_kwargs=dict(clients_per_round=3,
+                               client_learning_rate=loop.StepSchedule(0.1)))
+    sweep.run_sweep(task, spec, output_dir, progress=False, log=lambda m: None)
+    self.assertLen(sweep.finished_entries(task, spec, output_dir), 1)
+    # The same directory read with another batch size: it was not trained that way.
+    other = builders.build_task('emnist', 'linear', source='synthetic',
+                                client_spec=builders.ClientSpec(1, 20))
+    self.assertEqual(sweep.finished_entries(other, spec, output_dir), {})
+    os.remove(os.path.join(sweep.run_dir(output_dir, spec.runs()[0]),
+                           sweep.FINGERPRINT_FILE))
+    self.assertEqual(sweep.finished_entries(task, spec, output_dir), {})
+
+  def test_the_fingerprint_is_the_same_in_another_process(self):
+    code = (
+        'from tasks import builders; from tasks.simulation import loop, sweep; '
+        'import tensorflow_federated as tff; '
+        'task = builders.build_task("emnist", "linear", source="synthetic", '
+        'client_spec=builders.ClientSpec(1, 10)); '
+        'spec = sweep.SweepSpec(aggregators=["gm"], attacks=["alie"], rhos=[0.25], '
+        'seeds=[0], rounds=3, simulation_kwargs=dict(clients_per_round=3, '
+        'client_learning_rate=loop.StepSchedule(0.1), '
+        'server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0))); '
+        'print(sweep.run_fingerprint(task, spec, spec.runs()[0]))')
+    fingerprints = set()
+    for hash_seed in ('1', '2'):
+      result = subprocess.run(
+          [sys.executable, '-c', code], cwd=_REPO, capture_output=True, text=True,
+          timeout=300, env=dict(processes.quiet_env(), PYTHONHASHSEED=hash_seed))
+      self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+      fingerprints.add(result.stdout.strip().splitlines()[-1])
+    self.assertLen(fingerprints, 1)
