@@ -315,9 +315,13 @@ def weighted_average_rows(values, weights) -> tf.Tensor:
   """
   weights = tf.cast(weights, tf.float64)
   total = tf.reduce_sum(weights)
-  average = tf.math.divide_no_nan(
-      tf.linalg.matvec(tf.cast(values, tf.float64), weights, transpose_a=True), total)
-  return tf.cast(average, values.dtype)
+
+  def column_average(block):
+    return tf.cast(tf.math.divide_no_nan(tf.linalg.matvec(
+        tf.cast(block, tf.float64), weights, transpose_a=True), total), values.dtype)
+
+  # By column blocks: a float64 copy of the whole matrix would be twice its size.
+  return by_column_blocks(column_average, values)
 
 
 def check_assumed_byzantine(wrapper: str, num_byzantine, byzantine_fraction):
