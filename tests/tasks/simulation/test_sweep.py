@@ -20,18 +20,27 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 
 
+def _task(batch_size: int = 10, seed: int = 0):
+  return builders.build_task('emnist', 'linear', source='synthetic',
+                             client_spec=builders.ClientSpec(1, batch_size), seed=seed)
+
+
+def _spec(**fields) -> sweep.SweepSpec:
+  """A small sweep: 3 clients per round, learning rate 0.1, the given fields."""
+  return sweep.SweepSpec(
+      simulation_kwargs=dict(clients_per_round=3,
+                             client_learning_rate=loop.StepSchedule(0.1)), **fields)
+
+
 class SweepTest(parameterized.TestCase):
 
   def test_table_plots_and_resume(self):
     output_dir = tempfile.mkdtemp(prefix='test_sweep_')
     self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
-    task = builders.build_task('emnist', 'linear', source='synthetic',
-                            client_spec=builders.ClientSpec(1, 10))
-    spec = sweep.SweepSpec(
+    task = _task()
+    spec = _spec(
         aggregators=['mean', 'gm'], attacks=['omniscient'], rhos=[0.0, 0.3],
-        seeds=[0, 1], rounds=2,
-        simulation_kwargs=dict(clients_per_round=3,
-                               client_learning_rate=loop.StepSchedule(0.1)))
+        seeds=[0, 1], rounds=2)
     self.assertLen(spec.runs(), 8)
     messages = []
     sweep.run_sweep(task, spec, output_dir, progress=False, log=messages.append)
@@ -64,13 +73,10 @@ class SweepTest(parameterized.TestCase):
   def test_worker_momentum_is_a_row_of_its_own(self):
     output_dir = tempfile.mkdtemp(prefix='test_sweep_momentum_')
     self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
-    task = builders.build_task('emnist', 'linear', source='synthetic',
-                               client_spec=builders.ClientSpec(1, 10))
-    spec = sweep.SweepSpec(
+    task = _task()
+    spec = _spec(
         aggregators=['mean'], attacks=['omniscient'], rhos=[0.0], seeds=[0],
-        rounds=2, worker_momenta=[0.0, 0.9],
-        simulation_kwargs=dict(clients_per_round=3,
-                               client_learning_rate=loop.StepSchedule(0.1)))
+        rounds=2, worker_momenta=[0.0, 0.9])
     self.assertEqual([run.name for run in spec.runs()],
                      ['mean_none_rho0_seed0', 'mean_wm0.9_none_rho0_seed0'])
     sweep.run_sweep(task, spec, output_dir, progress=False, log=lambda m: None)
@@ -90,12 +96,9 @@ class LedgerSweepTest(parameterized.TestCase):
     second_dir = tempfile.mkdtemp(prefix='test_sweep_ledger_')
     for directory in (first_dir, second_dir):
       self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-    task = builders.build_task('emnist', 'linear', source='synthetic',
-                               client_spec=builders.ClientSpec(1, 10))
-    spec = sweep.SweepSpec(
-        aggregators=['gm'], attacks=['sign_flip'], rhos=[0.0, 0.3], seeds=[0],
-        rounds=2, simulation_kwargs=dict(clients_per_round=3,
-                                         client_learning_rate=loop.StepSchedule(0.1)))
+    task = _task()
+    spec = _spec(aggregators=['gm'], attacks=['sign_flip'], rhos=[0.0, 0.3],
+                 seeds=[0], rounds=2)
     ledger_path = os.path.join(first_dir, 'ledger.csv')
     sweep.run_sweep(task, spec, first_dir, progress=False, log=lambda m: None,
                     ledger_path=ledger_path)
@@ -119,25 +122,20 @@ class LedgerSweepTest(parameterized.TestCase):
     for other_task, other_spec in (
         (task, dataclasses.replace(spec, rounds=3)),
         (builders.build_task('emnist', 'linear', source='synthetic',
-                             client_spec=builders.ClientSpec(2, 10)), spec),
-        (builders.build_task('emnist', 'linear', source='synthetic',
-                             client_spec=builders.ClientSpec(1, 10), seed=1), spec)):
+                             client_spec=builders.ClientSpec(2, 10)), spec),  # Epochs.
+        (_task(seed=1), spec)):
       self.assertEqual(sweep.recorded_results(other_task, other_spec, entries), {})
 
   def test_a_run_finished_with_other_settings_is_not_entered(self):
     output_dir = tempfile.mkdtemp(prefix='test_sweep_ledger_')
     self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
-    task = builders.build_task('emnist', 'linear', source='synthetic',
-                               client_spec=builders.ClientSpec(1, 10))
-    spec = sweep.SweepSpec(
-        aggregators=['mean'], attacks=['sign_flip'], rhos=[0.0], seeds=[0], rounds=1,
-        simulation_kwargs=dict(clients_per_round=3,
-                               client_learning_rate=loop.StepSchedule(0.1)))
+    task = _task()
+    spec = _spec(aggregators=['mean'], attacks=['sign_flip'], rhos=[0.0], seeds=[0],
+                 rounds=1)
     sweep.run_sweep(task, spec, output_dir, progress=False, log=lambda m: None)
     self.assertLen(sweep.finished_entries(task, spec, output_dir), 1)
     # The same directory read with another batch size: it was not trained that way.
-    other = builders.build_task('emnist', 'linear', source='synthetic',
-                                client_spec=builders.ClientSpec(1, 20))
+    other = _task(batch_size=20)
     self.assertEqual(sweep.finished_entries(other, spec, output_dir), {})
     os.remove(os.path.join(sweep.run_dir(output_dir, spec.runs()[0]),
                            sweep.FINGERPRINT_FILE))
