@@ -57,11 +57,14 @@ flags.DEFINE_string('readme', os.path.join(_REPO, 'README.md'), 'README whose '
                     'leaderboard section gets the table of --readme_model; empty to '
                     'skip.')
 flags.DEFINE_string('readme_model', 'linear', 'The model whose table the README shows.')
+flags.DEFINE_string('ledger', '', 'The ledger of finished runs; default '
+                    '<results_dir>/leaderboard_<task>_<model>_runs.csv, or '
+                    '<output_dir>/ledger.csv with an empty --results_dir.')
 
 
 
 # Flags that only say where files go: left out of the page's command line.
-_PATH_FLAGS = ('--output_dir', '--results_dir', '--readme=', '--checkpoint_period',
+_PATH_FLAGS = ('--output_dir', '--results_dir', '--readme=', '--ledger', '--checkpoint_period',
                '--progress', '--noprogress')
 
 
@@ -71,6 +74,8 @@ def _output_dir() -> str:
 
 
 def _ledger_path(output_dir: str) -> str:
+  if FLAGS.ledger:
+    return FLAGS.ledger
   if not FLAGS.results_dir:
     return os.path.join(output_dir, 'ledger.csv')
   return os.path.join(FLAGS.results_dir,
