@@ -18,8 +18,8 @@ Every aggregator runs in its own Python subprocess (a clean peak), which
 starts its own `worker_binary`. Peak memory is VmHWM (peak resident set) of the Python
 process and of its worker_binary child, read after the timed calls and before the
 worker is stopped; on the simulation path the table's peak is their sum (the
-updates' own 4·n·p bytes in Python included, as the simulation holds them anyway). Time is the median over `--calls` timed calls, after one untimed
-call (tracing). Prints each aggregator's time and peaks, and the ratios to the mean's
+updates' own 4·n·p bytes in Python included, as the simulation holds them anyway).
+Time is the median over `--calls` timed calls, after one untimed call (tracing). Prints each aggregator's time and peaks, and the ratios to the mean's
 (time/mean, worker peak/mean). `generate only` is the cost of making the client
 updates inside every call (a computation that only generates them).
 

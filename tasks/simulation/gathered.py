@@ -29,6 +29,9 @@ import tensorflow_federated as tff
 from baselines import gather
 from tff_robust import nonfinite
 
+# TensorFlow's `Allocator::kAllocatorAlignment`: a buffer it takes without a copy.
+_ALIGNMENT = 64
+
 Aggregate = Callable[[Any, Sequence[Sequence[np.ndarray]], Sequence[float]],
                      tff.templates.MeasuredProcessOutput]
 
@@ -40,8 +43,8 @@ def in_process_aggregation(factory: tff.aggregators.WeightedAggregationFactory,
   non-finite filter around a gathering baseline.
 
   `updates` holds one value of `value_type` per client (numpy leaves, e.g. the
-  simulation's list of arrays), `weights` one weight per client; the state is the process's
-  (`initialize()`'s) and keeps its structure.
+  simulation's list of arrays), `weights` one weight per client; the state is the
+  process's (`initialize()`'s) and keeps its structure.
   """
   if not (isinstance(factory, nonfinite.NonfiniteFilteringFactory) and
           isinstance(factory.inner, gather.GatheringAggregationFactory)):
@@ -119,5 +122,3 @@ def _aligned_empty(shape, dtype) -> np.ndarray:
   offset = -raw.ctypes.data % _ALIGNMENT
   return raw[offset:offset + num_bytes].view(dtype).reshape(shape)
 
-
-_ALIGNMENT = 64

@@ -5,9 +5,9 @@ Every run is a `tasks.simulation.experiment` run in
 `<output_dir>/runs/<aggregator>_<attack>_rho<rho>_seed<seed>/` (metrics.csv,
 checkpoints, and once finished its ledger fingerprint, `FINGERPRINT`): a sweep
 restarted with the same flags skips finished runs and resumes an interrupted one, and
-skips the runs a ledger (`tasks.simulation.ledger`) it is given holds. ρ = 0 is run once per aggregator and seed (attack 'none') and
-shared by every attack's panel. The task data (client partition) is built once, with
---data_seed; --seeds vary the model initialization, the corrupted set and the client
+skips the runs a ledger (`tasks.simulation.ledger`) it is given holds. ρ = 0 is run
+once per aggregator and seed (attack 'none') and shared by every attack's panel. The
+task data (client partition) is built once, with --data_seed; --seeds vary the model initialization, the corrupted set and the client
 sampling (RFA paper D.3: "repeated with different random seeds").
 
 Outputs in <output_dir>:
