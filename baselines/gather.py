@@ -307,16 +307,22 @@ def check_fraction(name: str, value, upper: float, upper_inclusive: bool) -> flo
   return float(value)
 
 
-def weighted_average_rows(values, weights) -> tf.Tensor:
-  """Σ w_i x_i / Σ w_i (values' dtype), zeros if the weights sum to zero.
+def weighted_average_rows(values, weights, rows=None) -> tf.Tensor:
+  """Σ w_i x_i / Σ w_i over the rows of `values` (`rows`, indices in the order summed,
+  if given; else all), in values' dtype; zeros if the weights sum to zero.
 
   Accumulated in float64: with example counts as weights, Σ w_i x_i of a float32 client
   near 3e38 overflows float32 although the average does not.
   """
+  if rows is not None:
+    weights = tf.gather(weights, rows)
   weights = tf.cast(weights, tf.float64)
   total = tf.reduce_sum(weights)
 
   def column_average(block):
+    if rows is not None:
+      # Per block: the chosen rows are never copied whole.
+      block = tf.gather(block, rows)
     return tf.cast(tf.math.divide_no_nan(tf.linalg.matvec(
         tf.cast(block, tf.float64), weights, transpose_a=True), total), values.dtype)
 

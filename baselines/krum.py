@@ -244,6 +244,5 @@ class KrumFactory(gather.GatheringAggregationFactory):
     with tf.control_dependencies(checks):
       scores = krum_scores(values, f)
       selected = tf.argsort(scores, stable=True)[:m]
-    average = gather.weighted_average_rows(
-        tf.gather(values, selected), tf.gather(weights, selected))
+    average = gather.weighted_average_rows(values, weights, rows=selected)
     return average, state, collections.OrderedDict(num_byzantine=f, num_selected=m)

@@ -18,10 +18,14 @@ Every aggregator runs in its own Python subprocess (a clean peak), which
 starts its own `worker_binary`. Peak memory is VmHWM (peak resident set) of the Python
 process and of its worker_binary child, read after the timed calls and before the
 worker is stopped; on the simulation path the table's peak is their sum (the
-updates' own 4·n·p bytes in Python included, as the simulation holds them anyway).
-Time is the median over `--calls` timed calls, after one untimed call (tracing). Prints each aggregator's time and peaks, and the ratios to the mean's
-(time/mean, worker peak/mean). `generate only` is the cost of making the client
-updates inside every call (a computation that only generates them).
+updates' own 4·n·p bytes in Python included, as the simulation holds them anyway; each
+call gets a fresh round of them, made before its timer starts, which a gathering
+baseline consumes as the loop lets it). Time is the median over `--calls` timed calls,
+after one untimed call (tracing). Prints each aggregator's time and peaks, and the
+ratios to the mean's (time/mean, worker peak/mean). `generate only` is the cost of
+making the client updates: on the worker path inside every call (a computation that
+only generates them), on the simulation path in Python (its time is ~0, its peak
+what holding one round of updates costs).
 
   .venv/bin/python -m benchmarks.aggregator_memory_time --clients=50 \
       --parameters=6400000 --aggregators=median,multi_krum
@@ -145,12 +149,13 @@ def python_updates(num_clients, num_parameters):
 def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
   """Time and peak memory of `name`'s aggregation in this process and its worker."""
   seeds = list(range(num_clients))
-  if path == SIMULATION and name != GENERATE_ONLY:
-    updates, weights = python_updates(num_clients, num_parameters)
+  # Each call's inputs, made before its timer starts: on the simulation path a fresh
+  # round of updates, which a gathering baseline's in-process step consumes.
+  inputs = ((lambda: seeds) if path == WORKER else
+            (lambda: python_updates(num_clients, num_parameters)))
   if name == GENERATE_ONLY:
     computation = generation_only(num_parameters)
-    call = ((lambda: computation(seeds)) if path == WORKER else
-            (lambda: python_updates(num_clients, num_parameters)))
+    call = computation if path == WORKER else lambda _: None
   else:
     factory = registry.aggregator_from_name(name, **aggregator_kwargs(name))
     vector_type = tff.TensorType(np.float32, [num_parameters])
@@ -160,17 +165,19 @@ def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
     state = process.initialize()
     if path == WORKER:
       computation = aggregation_from_seeds(process, num_parameters)
-      call = lambda: computation(state, seeds)
+      call = lambda client_seeds: computation(state, client_seeds)
     else:
       aggregate = (gathered.in_process_aggregation(factory, value_type) or
                    process.next)
-      call = lambda: aggregate(state, updates, weights)
-  call()  # The measured aggregation when num_calls is 0; else untimed (tracing).
+      call = lambda updates_and_weights: aggregate(state, *updates_and_weights)
+  call(inputs())  # The measured aggregation when num_calls is 0; else untimed (tracing).
   seconds = []
   for _ in range(num_calls):
+    arguments = inputs()
     start = time.perf_counter()
-    call()
+    call(arguments)
     seconds.append(time.perf_counter() - start)
+    del arguments
   workers = runtime.worker_binaries()
   return dict(
       name=name, path=path, clients=num_clients, parameters=num_parameters,

@@ -227,7 +227,9 @@ class Simulation:
     weights = _model_weights(state['model'])
     trained = self._client_work.train(state.get('client_work'), weights, client_ids,
                                       client_dataset, learning_rate)
-    updates = trained.updates
+    # Only `updates` holds them from here on: a gathering baseline's in-process step
+    # drops each update once copied into its matrix, so they are not held twice.
+    updates, trained.updates = trained.updates, None
     if self._update_attack is not None:
       updates = self._update_attack(updates, trained.weights, corrupted,
                                     np.random.default_rng([self._seed, round_num, 1]))

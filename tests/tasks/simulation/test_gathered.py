@@ -2,6 +2,8 @@
 their federated process returns: result, state and measurements, round after round."""
 
 import collections
+import gc
+import weakref
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -98,6 +100,19 @@ class InProcessAggregationTest(parameterized.TestCase):
     updates[3] = [updates[3][0], updates[3][1][:2]]
     with self.assertRaisesRegex(TypeError, r'shapes .*\(2,\).* created for'):
       aggregate(process.initialize(), updates, list(weights))
+
+  def test_the_updates_are_released_as_they_are_copied(self):
+    factory = registry.aggregator_from_name('median')
+    process = factory.create(_VALUE_TYPE, _WEIGHT_TYPE)
+    aggregate = gathered.in_process_aggregation(factory, _VALUE_TYPE)
+    updates, weights = _clients('faulty', 0)
+    expected = process.next(process.initialize(), updates, list(weights))
+    leaves = [weakref.ref(leaf) for update in updates for leaf in update]
+    actual = aggregate(process.initialize(), updates, list(weights))
+    self.assertEmpty(updates)
+    gc.collect()
+    self.assertEqual([ref() for ref in leaves], [None] * len(leaves))
+    _assert_same(self, expected.result, actual.result)
 
   @parameterized.parameters(('median', True), ('bucketing+krum', True), ('gm', False))
   def test_the_simulation_takes_the_shortcut(self, name, expected):
