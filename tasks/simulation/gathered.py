@@ -20,6 +20,7 @@ tested in tests/tasks/simulation/test_gathered.py.
 """
 
 import collections
+import ctypes
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -28,6 +29,15 @@ import tensorflow_federated as tff
 
 from baselines import gather
 from tff_robust import nonfinite
+
+def _glibc_malloc_trim():
+  try:
+    return ctypes.CDLL('libc.so.6').malloc_trim
+  except (OSError, AttributeError):  # Not glibc (macOS, musl): nothing to trim.
+    return None
+
+
+_MALLOC_TRIM = _glibc_malloc_trim()
 
 # TensorFlow's `Allocator::kAllocatorAlignment`: a buffer it takes without a copy.
 _ALIGNMENT = 64
@@ -122,8 +132,18 @@ def _stacked_releasing(updates: list, rows: Sequence[int], shapes, size: int,
       row[offset:offset + leaf.size] = leaf.reshape(-1)
       offset += leaf.size
     updates[i] = None
+    _return_freed_memory()
   updates.clear()
   return tf.experimental.dlpack.from_dlpack(values.__dlpack__())
+
+
+def _return_freed_memory() -> None:
+  """Hands the memory of freed updates back to the system at once where the C library
+  can (glibc's `malloc_trim`). Without it the matrix and the updates it replaces are
+  resident together: glibc serves arrays below its dynamic mmap threshold (raised to
+  ~32 MB by the first freed one) from its heap and keeps what they free."""
+  if _MALLOC_TRIM is not None:
+    _MALLOC_TRIM(0)
 
 
 def _aligned_empty(shape, dtype) -> np.ndarray:
