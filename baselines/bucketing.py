@@ -36,15 +36,20 @@ def bucket_means(values, weights, order, bucket_size: int):
   n = tf.shape(values)[0]
   num_buckets = (n + bucket_size - 1) // bucket_size
   bucket = tf.range(n) // bucket_size
-  shuffled = tf.gather(values, order)
   shuffled_weights = tf.cast(tf.gather(weights, order), values.dtype)
   totals = tf.math.unsorted_segment_sum(shuffled_weights, bucket, num_buckets)
   # Each row weighted by its share of its bucket's total: the sums are convex
   # combinations, so clients near float32's maximum with weights above 1 do not
   # overflow to an infinite bucket mean (w·x would).
   shares = tf.math.divide_no_nan(shuffled_weights, tf.gather(totals, bucket))
-  means = tf.math.unsorted_segment_sum(shuffled * shares[:, tf.newaxis], bucket,
-                                       num_buckets)
+
+  def block_means(columns):
+    return tf.math.unsorted_segment_sum(
+        tf.gather(columns, order) * shares[:, tf.newaxis], bucket, num_buckets)
+
+  # By column blocks: shuffled and weighted copies of the whole matrix would each be
+  # its size.
+  means = gather.by_column_blocks(block_means, values)
   return means, tf.cast(totals, weights.dtype)
 
 

@@ -278,8 +278,9 @@ COLUMN_BLOCK = 1 << 18
 
 
 def by_column_blocks(column_fn, values, block: int = COLUMN_BLOCK) -> tf.Tensor:
-  """`column_fn` (an `[n, b]` block of columns → a `[b]` vector) over the columns of
-  `values` block after block, concatenated: the memory of a block, not of the matrix.
+  """`column_fn` (an `[n, b]` block of columns → a `[b]` vector or a `[k, b]` matrix)
+  over the columns of `values` block after block, concatenated along the columns: the
+  memory of a block, not of the matrix.
 
   Blocks run one after another (each waits for the previous result): run in parallel,
   their temporary copies would add up to the whole matrix's.
@@ -293,7 +294,7 @@ def by_column_blocks(column_fn, values, block: int = COLUMN_BLOCK) -> tf.Tensor:
       results.append(column_fn(values[:, start:start + block]))
   if not results:
     return column_fn(values)
-  return results[0] if len(results) == 1 else tf.concat(results, axis=0)
+  return results[0] if len(results) == 1 else tf.concat(results, axis=-1)
 
 
 def check_fraction(name: str, value, upper: float, upper_inclusive: bool) -> float:
