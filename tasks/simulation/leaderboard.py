@@ -45,22 +45,28 @@ def worst_cases(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
   Each row has `aggregator`, `clean` (final accuracy at ρ = 0, NaN when not swept)
   and, per ρ > 0, `worst_rho<ρ>` (the lowest mean final accuracy over attacks; NaN
-  if any attack's cell is missing) and `worst_attack_rho<ρ>`. Sorted by the worst
-  case at the largest ρ, best first.
+  if any attack's cell is missing) and `worst_attack_rho<ρ>`; `clean_cell` and
+  `worst_cell_rho<ρ>` are those cells' summary rows (seed range, divergences), None
+  when unknown. Sorted by the worst case at the largest ρ, best first.
   """
   rhos = sorted({row['rho'] for row in summary if row['rho'] > 0})
   rows = []
   for label in dict.fromkeys(row['aggregator'] for row in summary):
     cells = [row for row in summary if row['aggregator'] == label]
-    clean = [row['final_accuracy_mean'] for row in cells if row['rho'] == 0]
-    entry = dict(aggregator=label, clean=clean[0] if clean else math.nan)
+    clean = [row for row in cells if row['rho'] == 0]
+    entry = dict(aggregator=label,
+                 clean=clean[0]['final_accuracy_mean'] if clean else math.nan,
+                 clean_cell=clean[0] if clean else None)
     for rho in rhos:
-      by_attack = {row['attack']: row['final_accuracy_mean'] for row in cells
-                   if row['rho'] == rho}
-      attack = min(by_attack, key=lambda a: _nan_last(by_attack[a]))
-      missing = any(math.isnan(v) for v in by_attack.values())
-      entry[f'worst_rho{rho:g}'] = math.nan if missing else by_attack[attack]
+      by_attack = {row['attack']: row for row in cells if row['rho'] == rho}
+      attack = min(by_attack,
+                   key=lambda a: _nan_last(by_attack[a]['final_accuracy_mean']))
+      missing = any(math.isnan(row['final_accuracy_mean'])
+                    for row in by_attack.values())
+      entry[f'worst_rho{rho:g}'] = (
+          math.nan if missing else by_attack[attack]['final_accuracy_mean'])
       entry[f'worst_attack_rho{rho:g}'] = attack
+      entry[f'worst_cell_rho{rho:g}'] = None if missing else by_attack[attack]
     rows.append(entry)
   if rhos:
     key = f'worst_rho{rhos[-1]:g}'
@@ -74,21 +80,18 @@ def _nan_last(value: float) -> float:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-  """The worst-case table: aggregator, clean, worst accuracy (attack) per ρ."""
+  """The worst-case table: aggregator, clean, worst accuracy (attack) per ρ; with
+  several seeds each accuracy is "mean [min, max]" over them (`sweep.cell_text`)."""
   rhos = [key[len('worst_rho'):] for key in rows[0] if key.startswith('worst_rho')]
   header = ['rank', 'aggregator', 'clean'] + [f'worst case ρ={rho}' for rho in rhos]
   lines = ['| ' + ' | '.join(header) + ' |',
            '|' + '|'.join(['---:', '---'] + ['---:'] * (len(header) - 2)) + '|']
   for rank, row in enumerate(rows, start=1):
-    cells = [str(rank), row['aggregator'], _percent(row['clean'])]
-    cells += [f'{_percent(row[f"worst_rho{rho}"])} ({row[f"worst_attack_rho{rho}"]})'
-              for rho in rhos]
+    cells = [str(rank), row['aggregator'], sweep.cell_text(row['clean_cell'])]
+    cells += [f'{sweep.cell_text(row[f"worst_cell_rho{rho}"])} '
+              f'({row[f"worst_attack_rho{rho}"]})' for rho in rhos]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
-
-
-def _percent(value: float) -> str:
-  return 'n/a' if math.isnan(value) else f'{100 * value:.1f}'
 
 
 def plot_heatmap(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]],

@@ -61,6 +61,18 @@ class WorstCasesTest(parameterized.TestCase):
         '| 2 | mean | 90.0 | 50.0 (alie) | 10.0 (ipm) |',
     ])
 
+  def test_several_seeds_show_their_range_and_divergences(self):
+    summary = [dict(r) for r in _SUMMARY]
+    for row in summary:
+      if row['aggregator'] == 'gm':
+        row.update(num_seeds=3, final_accuracy_min=row['final_accuracy_mean'] - 0.05,
+                   final_accuracy_max=row['final_accuracy_mean'] + 0.02)
+        if row['attack'] == 'alie' and row['rho'] == 0.25:
+          row['num_diverged'] = 1
+    gm_line = leaderboard.markdown_table(leaderboard.worst_cases(summary)).splitlines()[2]
+    self.assertEqual(gm_line, '| 1 | gm | 88.0 [83.0, 90.0] | 80.0 [75.0, 82.0] (alie) '
+                              '| 70.0 [65.0, 72.0] (1 diverged) (alie) |')
+
   def test_heatmap_is_written(self):
     path = os.path.join(tempfile.mkdtemp(), 'heatmap.png')
     leaderboard.plot_heatmap(_SUMMARY, leaderboard.worst_cases(_SUMMARY), path, 'test')
