@@ -21,6 +21,7 @@ tested in tests/tasks/simulation/test_gathered.py.
 
 import collections
 import ctypes
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -29,15 +30,6 @@ import tensorflow_federated as tff
 
 from baselines import gather
 from tff_robust import nonfinite
-
-def _glibc_malloc_trim():
-  try:
-    return ctypes.CDLL('libc.so.6').malloc_trim
-  except (OSError, AttributeError):  # Not glibc (macOS, musl): nothing to trim.
-    return None
-
-
-_MALLOC_TRIM = _glibc_malloc_trim()
 
 # TensorFlow's `Allocator::kAllocatorAlignment`: a buffer it takes without a copy.
 _ALIGNMENT = 64
@@ -142,8 +134,17 @@ def _return_freed_memory() -> None:
   can (glibc's `malloc_trim`). Without it the matrix and the updates it replaces are
   resident together: glibc serves arrays below its dynamic mmap threshold (raised to
   ~32 MB by the first freed one) from its heap and keeps what they free."""
-  if _MALLOC_TRIM is not None:
-    _MALLOC_TRIM(0)
+  trim = _glibc_malloc_trim()
+  if trim is not None:
+    trim(0)
+
+
+@functools.cache
+def _glibc_malloc_trim():
+  try:
+    return ctypes.CDLL('libc.so.6').malloc_trim
+  except (OSError, AttributeError):  # Not glibc (macOS, musl): nothing to trim.
+    return None
 
 
 def _aligned_empty(shape, dtype) -> np.ndarray:
