@@ -65,7 +65,8 @@ DOCUMENTED_COLUMNS = (ROUND_COLUMN, 'train_loss', 'secure_average_calls',
 
 
 class NonFiniteStateError(RuntimeError):
-  """A round produced a non-finite model; the finished rounds are kept."""
+  """A round produced a non-finite model or too few finite client updates to
+  aggregate; the finished rounds are kept."""
 
 
 class ConfigMismatchError(ValueError):
@@ -382,8 +383,10 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
     The number of finished rounds (= `rounds`).
 
   Raises:
-    NonFiniteStateError: when a round leaves a non-finite model. Its metrics row is
-      written, its state is not checkpointed: the finished rounds stay resumable.
+    NonFiniteStateError: when a round leaves a non-finite model (its metrics row is
+      written, its state is not checkpointed: the finished rounds stay resumable), or
+      when too few of its clients train to a finite update for the aggregator (no
+      row: `loop.NonFiniteUpdatesError`).
     ConfigMismatchError: when `output_dir` holds a run with another `config`.
     RunFileError: when a file of `output_dir` is unreadable or inconsistent and the
       run cannot resume around it (see the module docstring); nothing is written.
@@ -429,7 +432,13 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
                   disable=not progress, dynamic_ncols=True)
   try:
     for round_num in range(start, rounds):
-      state, metrics = simulation.run_round(state, round_num)
+      try:
+        state, metrics = simulation.run_round(state, round_num)
+      except loop.NonFiniteUpdatesError as e:
+        raise NonFiniteStateError(
+            f'{e} Stopped; the rounds before it up to the newest checkpoint are kept in '
+            f'{output_dir}. Lower the client learning rate or choose a robust '
+            'aggregator.') from e
       cumulative += int(metrics['secure_average_calls'])
       row = collections.OrderedDict(metrics)
       row['cumulative_secure_average_calls'] = cumulative

@@ -99,6 +99,11 @@ def all_finite(structure: Any) -> bool:
   return True
 
 
+class NonFiniteUpdatesError(RuntimeError):
+  """Too few clients of a round sent a finite update of weight > 0 for the aggregator
+  (none, or fewer than Krum's n > 2f + 2): the model has diverged."""
+
+
 class Simulation:
   """Federated training with any aggregator and client-work variant, under attack.
 
@@ -233,11 +238,7 @@ class Simulation:
     if self._update_attack is not None:
       updates = self._update_attack(updates, trained.weights, corrupted,
                                     np.random.default_rng([self._seed, round_num, 1]))
-    # A Python error naming the condition (Krum's n > 2f + 2) rather than TFF's
-    # executor failing the round with a gRPC INTERNAL error.
-    registry.check_num_clients(self._aggregator_factory, sum(
-        1 for u, w in zip(updates, trained.weights)
-        if w > 0 and np.isfinite(w) and all_finite(u)))
+    self._check_num_clients(updates, trained.weights, round_num)
     aggregate = self._aggregate(state['aggregator'], updates,
                                 [np.float32(w) for w in trained.weights])
     applied = self._finalizer.next(state['server_optimizer'], weights,
@@ -262,6 +263,25 @@ class Simulation:
     metrics.update((f'server_optimizer/{k}', v)
                    for k, v in flatten_metrics(applied.measurements).items())
     return new_state, metrics
+
+  def _check_num_clients(self, updates, weights, round_num: int) -> None:
+    """Fails the round before aggregating: a ValueError when the aggregator cannot
+    take the round's sampled clients at all (Krum's n > 2f + 2, named in Python
+    rather than as TFF's gRPC INTERNAL error), a `NonFiniteUpdatesError` when it
+    could but too few of them sent a usable update."""
+    registry.check_num_clients(self._aggregator_factory, len(updates))
+    usable = sum(1 for u, w in zip(updates, weights)
+                 if w > 0 and np.isfinite(w) and all_finite(u))
+    try:
+      if not usable:
+        raise ValueError('The aggregator needs at least one.')
+      registry.check_num_clients(self._aggregator_factory, usable)
+    except ValueError as e:
+      # TFF's client work sends a non-finite delta with weight 0: local training
+      # overflowed from a blown-up model, and every later round would repeat it.
+      raise NonFiniteUpdatesError(
+          f'Round {round_num}: only {usable} of {len(updates)} clients sent a finite '
+          f'update of weight > 0 (the model has diverged). {e}') from e
 
   def evaluate(self, state) -> Metrics:
     """Clean test metrics of the global model, then the variant's."""

@@ -21,6 +21,14 @@ def _delta(state, initial):
                                                           initial['model']['trainable'])])
 
 
+def _blown_up(state):
+  """`state` with every trainable weight at float32's limit: finite, but local
+  training overflows (as after an attack drove the model away)."""
+  state['model']['trainable'] = [np.full_like(a, 3e38)
+                                 for a in state['model']['trainable']]
+  return state
+
+
 class StepScheduleTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -100,6 +108,27 @@ class FederatedSimulationTest(parameterized.TestCase):
         'krum', num_byzantine=1), seed=3, clients_per_round=4)
     with self.assertRaisesRegex(ValueError, r'n > 2f \+ 2.*n = 4 with f = 1'):
       sim.run_round(sim.initial_state(), 0)
+
+  @parameterized.named_parameters(('mean', 'mean', {}),
+                                  ('krum', 'krum', dict(num_byzantine=0)))
+  def test_a_blown_up_model_fails_the_round_as_diverged(self, aggregator, kwargs):
+    sim = loop.Simulation(self.task, registry.aggregator_from_name(aggregator, **kwargs),
+                          seed=3, clients_per_round=4)
+    state = _blown_up(sim.initial_state())
+    self.assertTrue(loop.all_finite(state))
+    with self.assertRaisesRegex(loop.NonFiniteUpdatesError,
+                                r'Round 0: only 0 of 4 clients .*diverged'):
+      sim.run_round(state, 0)
+
+  def test_too_few_finite_updates_for_krum_fail_as_diverged(self):
+    # 5 clients pass Krum's n > 2f + 2 with f = 1; a NaN update leaves too few.
+    sim = loop.Simulation(self.task, registry.aggregator_from_name(
+        'krum', num_byzantine=1), attack='nan', rho=0.3, seed=3, clients_per_round=5)
+    round_num = next(r for r in range(100) if sim.corrupted_clients.intersection(
+        sim.sample_clients(r)))
+    with self.assertRaisesRegex(loop.NonFiniteUpdatesError,
+                                r'only [0-4] of 5 clients .*n > 2f \+ 2'):
+      sim.run_round(sim.initial_state(), round_num)
 
   def test_rejects_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, 'rho'):

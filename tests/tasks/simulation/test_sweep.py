@@ -7,8 +7,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import parameterized
+import numpy as np
 
 from tasks import builders
 from tasks.simulation import ledger
@@ -87,6 +89,54 @@ class SweepTest(parameterized.TestCase):
     self.assertNotAlmostEqual(losses[0][1], losses[1][1], places=3)
     markdown = sweep.write_report(spec, output_dir)
     self.assertIn('| mean +wm0.9 |', markdown)
+
+
+def _blow_up_attacked_runs_at_round_1(run_round):
+  """`Simulation.run_round` that hands a run with corrupted clients, at round 1, a
+  finite model at float32's limit, from which local training overflows."""
+
+  def patched(simulation, state, round_num):
+    if simulation.corrupted_clients and round_num == 1:
+      state['model']['trainable'] = [np.full_like(a, 3e38)
+                                     for a in state['model']['trainable']]
+    return run_round(simulation, state, round_num)
+
+  return patched
+
+
+class DivergenceSweepTest(parameterized.TestCase):
+
+  def test_a_diverged_run_is_entered_and_the_sweep_goes_on(self):
+    output_dir = tempfile.mkdtemp(prefix='test_sweep_diverged_')
+    self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
+    task = _task()
+    # Krum refuses zero clients: the round that killed a whole leaderboard slice.
+    spec = _spec(aggregators=['krum', 'mean'], attacks=['sign_flip'], rhos=[0.3],
+                 seeds=[0], rounds=3)
+    ledger_path = os.path.join(output_dir, 'ledger.csv')
+    messages = []
+    with mock.patch.object(loop.Simulation, 'run_round',
+                           _blow_up_attacked_runs_at_round_1(loop.Simulation.run_round)):
+      trained = sweep.run_sweep(task, spec, output_dir, progress=False,
+                                log=messages.append, ledger_path=ledger_path)
+    self.assertEqual(trained, 2)
+    self.assertLen(messages, 2)
+    for message in messages:
+      self.assertRegex(message, r'Round 1: only 0 of 3 clients .*diverged')
+    entries = ledger.read(ledger_path)
+    self.assertLen(entries, 2)
+    for entry in entries.values():
+      self.assertTrue(entry.diverged)
+      self.assertBetween(entry.final_accuracy, 0.0, 1.0)  # Round 0's evaluation.
+    for run in spec.runs():
+      rows = sweep.read_metrics(sweep.run_dir(output_dir, run))
+      self.assertLen(rows, 1)  # Round 0's; round 1 failed before writing one.
+
+    messages.clear()
+    self.assertEqual(sweep.run_sweep(task, spec, output_dir, progress=False,
+                                     log=messages.append), 0)
+    self.assertTrue(all(m.endswith('diverged in an earlier session, skipped.')
+                        for m in messages))
 
 
 class LedgerSweepTest(parameterized.TestCase):
