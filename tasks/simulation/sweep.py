@@ -19,8 +19,10 @@ Outputs in <output_dir>:
   curves_<attack>_rho<rho>.png              accuracy vs rounds and vs cumulative
                                             secure-average calls, min–max shading
                                             over seeds (paper Figure 4)
-A run whose model becomes non-finite is stopped, marked `DIVERGED` in its directory
-and reported in `num_diverged`; its final accuracy is its last evaluated one.
+A run whose model becomes non-finite, or whose clients of a round are too few to
+aggregate once the non-finite updates are dropped (all of them, from a blown-up model),
+is stopped, marked `DIVERGED` in its directory and reported in `num_diverged`; its
+final accuracy is its last evaluated one, and the sweep goes on.
 """
 
 import csv
