@@ -100,8 +100,8 @@ def all_finite(structure: Any) -> bool:
 
 
 class NonFiniteUpdatesError(RuntimeError):
-  """Too few clients of a round sent a finite update of weight > 0 for the aggregator
-  (none, or fewer than Krum's n > 2f + 2): the model has diverged."""
+  """Too few clients of a round sent a finite update of weight > 0 for an aggregator
+  with a condition on their number (Krum's n > 2f + 2): the model has diverged."""
 
 
 class Simulation:
@@ -265,16 +265,17 @@ class Simulation:
     return new_state, metrics
 
   def _check_num_clients(self, updates, weights, round_num: int) -> None:
-    """Fails the round before aggregating: a ValueError when the aggregator cannot
-    take the round's sampled clients at all (Krum's n > 2f + 2, named in Python
-    rather than as TFF's gRPC INTERNAL error), a `NonFiniteUpdatesError` when it
-    could but too few of them sent a usable update."""
+    """Fails the round before aggregating when the aggregator cannot take its clients
+    (Krum's n > 2f + 2; named in Python rather than as TFF's gRPC INTERNAL error): a
+    ValueError when it cannot take the sampled clients at all, a
+    `NonFiniteUpdatesError` when it could but too few sent a usable update. A rule
+    without such a condition aggregates whatever is usable; with nothing usable its
+    aggregate is not finite and TFF's finalizer keeps the model, as in
+    `build_weighted_fed_avg`."""
     registry.check_num_clients(self._aggregator_factory, len(updates))
     usable = sum(1 for u, w in zip(updates, weights)
                  if w > 0 and np.isfinite(w) and all_finite(u))
     try:
-      if not usable:
-        raise ValueError('The aggregator needs at least one.')
       registry.check_num_clients(self._aggregator_factory, usable)
     except ValueError as e:
       # TFF's client work sends a non-finite delta with weight 0: local training

@@ -19,10 +19,11 @@ Outputs in <output_dir>:
   curves_<attack>_rho<rho>.png              accuracy vs rounds and vs cumulative
                                             secure-average calls, min–max shading
                                             over seeds (paper Figure 4)
-A run whose model becomes non-finite, or whose clients of a round are too few to
-aggregate once the non-finite updates are dropped (all of them, from a blown-up model),
-is stopped, marked `DIVERGED` in its directory and reported in `num_diverged`; its
-final accuracy is its last evaluated one, and the sweep goes on.
+A run whose model becomes non-finite, or whose round leaves too few finite client
+updates for an aggregator with a condition on their number (Krum's n > 2f + 2, after
+a blown-up model made local training overflow), is stopped, marked `DIVERGED` in its
+directory and reported in `num_diverged`; its final accuracy is its last evaluated one,
+and the sweep goes on.
 """
 
 import csv
