@@ -76,6 +76,17 @@ flags.DEFINE_list('workers', [], 'host:port of TFF worker_binary processes to sp
                   'each round\'s clients over (training and every secure average); '
                   'empty: run in this process. Start one with `python -m '
                   'tff_robust.distributed --port=N` (README, "Several machines").')
+flags.DEFINE_float('worker_connect_timeout', 30.0, 'Seconds to wait at start for '
+                   'each of --workers to accept connections before exiting with an '
+                   'error naming it.')
+flags.DEFINE_float('worker_unavailable_timeout',
+                   distributed.DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, 'Seconds a worker '
+                   'of --workers may be unreachable during a round before the round '
+                   'fails (exit status 3, naming the worker); if it comes back sooner, '
+                   'its share of the round is rerun.')
+for _name in ('worker_connect_timeout', 'worker_unavailable_timeout'):
+  flags.register_validator(_name, lambda v: v > 0,
+                           message=f'--{_name} must be > 0 seconds.')
 
 
 
@@ -113,7 +124,9 @@ def main(argv):
     context = None
     if FLAGS.workers:
       try:
-        context = distributed.DistributedContext(FLAGS.workers)
+        context = distributed.DistributedContext(
+            FLAGS.workers, connect_timeout=FLAGS.worker_connect_timeout,
+            unavailable_timeout=FLAGS.worker_unavailable_timeout)
       except (ValueError, distributed.WorkerError) as e:
         exit_status.exit_with(f'--workers: {e}', exit_status.FLAGS_OR_OTHER_RUN)
       stack.callback(context.close)

@@ -28,9 +28,9 @@ RELATIVE_TOLERANCE = 1e-6
 CANCELLING_COLUMNS = {'aggregator/relative_gradient': 1e-4}
 
 
-def _command(root, rounds, workers=None):
+def _command(root, rounds, workers=None, *flags):
   command = [sys.executable, '-m', 'tasks.binaries.train', *_RUN,
-             f'--rounds={rounds}', f'--root_output_dir={root}']
+             f'--rounds={rounds}', f'--root_output_dir={root}', *flags]
   if workers:
     command.append('--workers=' + ','.join(workers))
   return command
@@ -81,7 +81,9 @@ def test_a_killed_worker_stops_the_round_and_the_rerun_resumes(reference, tmp_pa
   metrics = os.path.join(root, 'run', 'metrics.csv')
   seen_children = set()
   with distributed.LocalWorkers(2) as workers:
-    child = subprocess.Popen(_command(root, 3, workers.addresses), cwd=_REPO,
+    # A killed worker stays down: the round fails once it was unreachable for 2 s.
+    child = subprocess.Popen(_command(root, 3, workers.addresses,
+                                      '--worker_unavailable_timeout=2'), cwd=_REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True, env=processes.quiet_env())
     try:
@@ -116,8 +118,11 @@ def test_a_killed_worker_stops_the_round_and_the_rerun_resumes(reference, tmp_pa
 
 
 def test_unreachable_workers_are_named_before_training(tmp_path):
-  result = subprocess.run(_command(str(tmp_path), 1, ['127.0.0.1:1']) , cwd=_REPO,
-                          capture_output=True, text=True, timeout=300,
-                          env=dict(processes.quiet_env()))
+  result = subprocess.run(
+      _command(str(tmp_path), 1, ['127.0.0.1:1'], '--worker_connect_timeout=1'),
+      cwd=_REPO, capture_output=True, text=True, timeout=300, env=processes.quiet_env())
   assert result.returncode == 1
   assert '127.0.0.1:1' in result.stderr
+  assert 'within 1 s' in result.stderr
+  assert not (tmp_path / 'run' / 'metrics.csv').exists()
+
