@@ -85,8 +85,8 @@ flags.DEFINE_float('worker_unavailable_timeout',
                    'fails (exit status 3, naming the worker); if it comes back sooner, '
                    'its share of the round is rerun.')
 for _name in ('worker_connect_timeout', 'worker_unavailable_timeout'):
-  flags.register_validator(_name, lambda v: v > 0,
-                           message=f'--{_name} must be > 0 seconds.')
+  flags.register_validator(_name, lambda v: 0 < v < float('inf'),
+                           message=f'--{_name} must be a finite number of seconds > 0.')
 
 
 

@@ -106,9 +106,11 @@ class TrainTest(parameterized.TestCase):
       ('attack_args_inf', dict(attack='ipm', attack_args='epsilon=inf'), 'epsilon'),
       ('client_work', dict(client_work='fedprox'), 'client_work'),
       ('worker_connect_timeout', dict(worker_connect_timeout='0'),
-       '--worker_connect_timeout must be > 0 seconds'),
+       '--worker_connect_timeout must be a finite number of seconds > 0'),
       ('worker_unavailable_timeout', dict(worker_unavailable_timeout='-1'),
-       '--worker_unavailable_timeout must be > 0 seconds'),
+       '--worker_unavailable_timeout must be a finite number of seconds > 0'),
+      ('worker_unavailable_timeout_inf', dict(worker_unavailable_timeout='inf'),
+       '--worker_unavailable_timeout must be a finite number of seconds > 0'),
   )
   def test_bad_flag_values_name_the_flag(self, values, expected):
     with flagsaver.flagsaver():
