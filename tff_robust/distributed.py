@@ -57,6 +57,8 @@ from tensorflow_federated.python.core.environments.tensorflow_frontend import (
 
 # gRPC's limit is a signed 32-bit length; TFF's own local context uses 2e9 too.
 DEFAULT_MAX_MESSAGE_BYTES = 2_000_000_000
+# How long a worker may take to accept connections at start.
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 30.0
 # A worker that cannot be reached for this long is reported as failed (not retried).
 DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS = 10.0
 _WORKER_BINARY = os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary')
@@ -248,7 +250,7 @@ class DistributedContext(tff.framework.SyncContext):
 
   def __init__(self, addresses, *,
                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-               connect_timeout: float = 30.0,
+               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
                unavailable_timeout: float = DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS):
     """Connects to the workers (waits up to `connect_timeout` s for each).
 

@@ -76,9 +76,10 @@ flags.DEFINE_list('workers', [], 'host:port of TFF worker_binary processes to sp
                   'each round\'s clients over (training and every secure average); '
                   'empty: run in this process. Start one with `python -m '
                   'tff_robust.distributed --port=N` (README, "Several machines").')
-flags.DEFINE_float('worker_connect_timeout', 30.0, 'Seconds to wait at start for '
-                   'each of --workers to accept connections before exiting with an '
-                   'error naming it.')
+flags.DEFINE_float('worker_connect_timeout',
+                   distributed.DEFAULT_CONNECT_TIMEOUT_SECONDS, 'Seconds to wait at '
+                   'start for each of --workers to accept connections before exiting '
+                   'with an error naming it.')
 flags.DEFINE_float('worker_unavailable_timeout',
                    distributed.DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, 'Seconds a worker '
                    'of --workers may be unreachable during a round before the round '

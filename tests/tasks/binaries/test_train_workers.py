@@ -125,4 +125,3 @@ def test_unreachable_workers_are_named_before_training(tmp_path):
   assert '127.0.0.1:1' in result.stderr
   assert 'within 1 s' in result.stderr
   assert not (tmp_path / 'run' / 'metrics.csv').exists()
-
