@@ -38,6 +38,7 @@ demos, one big machine). On several machines, start one worker per machine
 
 import contextlib
 import ctypes
+import math
 import os
 import signal
 import subprocess
@@ -258,9 +259,9 @@ class DistributedContext(tff.framework.SyncContext):
       addresses: `host:port` of every worker, as a list or a comma-separated string.
       max_message_bytes: gRPC message limit, > the largest value sent (a model, a
         client's dataset or update, a partial aggregate); at most 2^31 − 1.
-      connect_timeout: seconds to wait for a worker at start.
+      connect_timeout: seconds to wait for a worker at start; finite, > 0.
       unavailable_timeout: seconds a worker may be unreachable during a call
-        before `WorkerError`.
+        before `WorkerError`; finite, > 0.
 
     Raises:
       ValueError: for bad addresses or limits.
@@ -271,8 +272,9 @@ class DistributedContext(tff.framework.SyncContext):
       raise ValueError(f'max_message_bytes must be in (0, 2^31), got {max_message_bytes}.')
     for name, value in (('connect_timeout', connect_timeout),
                         ('unavailable_timeout', unavailable_timeout)):
-      if not value > 0:
-        raise ValueError(f'{name} must be > 0, got {value!r}.')
+      if not 0 < value < math.inf:  # An infinite wait would hang a round for good.
+        raise ValueError(f'{name} must be a finite number of seconds > 0, got '
+                         f'{value!r}.')
     self._workers = []
     try:
       for address in self.addresses:

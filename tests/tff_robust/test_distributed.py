@@ -227,6 +227,14 @@ def test_arguments_are_validated():
     distributed.DistributedContext(['127.0.0.1:1'], connect_timeout=0.5)
 
 
+@pytest.mark.parametrize('name', ['connect_timeout', 'unavailable_timeout'])
+@pytest.mark.parametrize('value', [0.0, -1.0, float('inf'), float('nan')])
+def test_timeouts_must_be_finite_and_positive(name, value):
+  # Refused before any connection is tried: the address is never dialled.
+  with pytest.raises(ValueError, match=f'{name} must be a finite number'):
+    distributed.DistributedContext(['127.0.0.1:1'], **{name: value})
+
+
 def test_pass_counts():
   create = lambda f: passwise.PasswiseFactory(f).create(  # pylint: disable=g-long-lambda
       cases.VALUE_TYPE, cases.WEIGHT_TYPE)
