@@ -12,8 +12,9 @@ MNIST. Written to the output directory, next to the sweep's own tables and plots
                     the attack that hurt it most (named), best worst case first
   heatmap.png       final accuracy of every row under every (attack, ρ)
 
-and, with --results_dir, `leaderboard_<task>_<model>.md` and `.png` there; the
-README's leaderboard section shows the table of --readme_model.
+and, with --results_dir, `leaderboard_<task>_<model>.md` and `.png` there
+(`leaderboard_<task>_<model>_momentum` when some --worker_momenta is > 0); the
+README's leaderboard section shows the table of --readme_model without momentum.
   leaderboard_<task>_<model>_runs.csv
                     the ledger (`tasks.simulation.ledger`): every finished run's
                     final accuracy under a fingerprint of its whole configuration
@@ -122,19 +123,28 @@ def main(argv):
                            f'{FLAGS.task} {FLAGS.model}: final accuracy (%)')
   with open(os.path.join(output_dir, 'leaderboard.md'), 'w') as f:
     f.write(page)
+  with_momentum = any(beta > 0 for beta in spec.worker_momenta)
   if FLAGS.results_dir:
     os.makedirs(FLAGS.results_dir, exist_ok=True)
-    stem = os.path.join(FLAGS.results_dir, f'leaderboard_{FLAGS.task}_{FLAGS.model}')
+    stem = os.path.join(FLAGS.results_dir, f'leaderboard_{FLAGS.task}_{FLAGS.model}'
+                        + ('_momentum' if with_momentum else ''))
     with open(stem + '.md', 'w') as f:
       f.write(page)
     shutil.copyfile(heatmap, stem + '.png')
-  if (FLAGS.readme and FLAGS.model == FLAGS.readme_model and
-      not sweep.update_marked_section(FLAGS.readme, page, leaderboard.README_BEGIN,
-                                      leaderboard.README_END)):
-    print(f'{FLAGS.readme} has no {leaderboard.README_BEGIN} ... '
-          f'{leaderboard.README_END} section; not '
-          'updated.', file=sys.stderr)
+  if FLAGS.readme and FLAGS.model == FLAGS.readme_model:
+    _update_readme(page, with_momentum)
   print(page)
+
+
+def _update_readme(page: str, with_momentum: bool) -> None:
+  # The README's table is the plain one; momentum rows have a page of their own.
+  if with_momentum:
+    print(f'{FLAGS.readme} not updated: it shows the table without worker momentum '
+          '(--worker_momenta=0).', file=sys.stderr)
+  elif not sweep.update_marked_section(FLAGS.readme, page, leaderboard.README_BEGIN,
+                                       leaderboard.README_END):
+    print(f'{FLAGS.readme} has no {leaderboard.README_BEGIN} ... '
+          f'{leaderboard.README_END} section; not updated.', file=sys.stderr)
 
 
 if __name__ == '__main__':

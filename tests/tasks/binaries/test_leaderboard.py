@@ -25,19 +25,29 @@ def _table(page: str) -> str:
   return page[page.index('| rank |'):]
 
 
-def test_leaderboard_runs_and_writes_its_pages(tmp_path):
+def _empty_readme(tmp_path):
   readme = tmp_path / 'README.md'
   readme.write_text(f'{leaderboard.README_BEGIN}\n{leaderboard.README_END}\n',
                     encoding='utf-8')
+  return readme
+
+
+def test_momentum_rows_get_a_page_of_their_own(tmp_path):
+  readme = _empty_readme(tmp_path)
+  untouched = readme.read_text(encoding='utf-8')
   result = _leaderboard(tmp_path / 'runs', tmp_path / 'results', readme)
   assert result.returncode == 0, result.stderr[-3000:]
-  page = (tmp_path / 'results' / 'leaderboard_emnist_linear.md').read_text()
+  page = (tmp_path / 'results' / 'leaderboard_emnist_linear_momentum.md').read_text()
   assert '12 of its 12 runs are finished, 12 of them by this invocation' in page
   assert 'worst case ρ=0.3' in page
   for label in ('mean', 'mean +wm0.5', 'bucketing+median', 'bucketing+median +wm0.5'):
     assert f' | {label} | ' in page, label
-  assert page.strip() in readme.read_text(encoding='utf-8')
-  assert (tmp_path / 'results' / 'leaderboard_emnist_linear.png').stat().st_size > 5000
+  png = tmp_path / 'results' / 'leaderboard_emnist_linear_momentum.png'
+  assert png.stat().st_size > 5000
+  # The README shows the table without momentum; the plain page is not overwritten.
+  assert readme.read_text(encoding='utf-8') == untouched
+  assert 'without worker momentum' in result.stderr
+  assert not (tmp_path / 'results' / 'leaderboard_emnist_linear.md').exists()
 
 
 def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):
@@ -51,11 +61,13 @@ def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):
 
   # No run directories here: the ledger's runs are skipped, only new cells train,
   # and the table keeps the ledger's numbers.
-  second = _leaderboard(tmp_path / 'elsewhere', results, '', '--worker_momenta=0')
+  readme = _empty_readme(tmp_path)
+  second = _leaderboard(tmp_path / 'elsewhere', results, readme, '--worker_momenta=0')
   assert second.returncode == 0, second.stderr[-3000:]
   assert second.stderr.count('in the ledger, skipped.') == 4
   wider = (results / 'leaderboard_emnist_linear.md').read_text()
   assert '6 of its 6 runs are finished, 2 of them by this invocation' in wider
+  assert wider.strip() in readme.read_text(encoding='utf-8')
   assert len(ledger_path.read_text().splitlines()) == 1 + 6
   for label in ('mean', 'bucketing+median'):
     clean = next(line for line in _table(page).splitlines() if f' {label} ' in line)
