@@ -110,7 +110,8 @@ def check_config(output_dir: str, config: Mapping[str, Any],
   """Writes `config` to `output_dir`, or checks it equals the one already there.
 
   Keys in `ignore` may change between sessions (e.g. a run is extended by raising
-  `rounds`).
+  `rounds`). A run that has not finished a round yet (no metrics, no checkpoint: say
+  its data failed to load) has nothing to protect, and takes the new `config`.
 
   Raises:
     ConfigMismatchError: naming the keys that differ.
@@ -121,18 +122,25 @@ def check_config(output_dir: str, config: Mapping[str, Any],
     saved = _read_config(path)
     keys = sorted(k for k in set(saved) | set(config)
                   if k not in ignore and saved.get(k) != config.get(k))
-    if keys:
+    if not keys:
+      return
+    if _has_finished_rounds(output_dir):
       changes = ', '.join(f'{k}: {saved.get(k)!r} → {config.get(k)!r}' for k in keys)
       raise ConfigMismatchError(
           f'{output_dir} holds a run with a different configuration ({changes}). Use '
           'the same flags to resume it, or another --experiment_name / output '
           'directory.')
-    return
   os.makedirs(output_dir, exist_ok=True)
   temporary = path + '.tmp'
   with open(temporary, 'w') as f:
     json.dump(config, f, indent=2, sort_keys=True)
   os.replace(temporary, path)
+
+
+def _has_finished_rounds(output_dir: str) -> bool:
+  checkpoints_dir = os.path.join(output_dir, CHECKPOINTS_DIR)
+  return (os.path.exists(os.path.join(output_dir, METRICS_FILE)) or
+          (os.path.isdir(checkpoints_dir) and bool(os.listdir(checkpoints_dir))))
 
 
 def _read_config(path: str) -> dict[str, Any]:

@@ -233,5 +233,43 @@ class ExperimentFilesTest(parameterized.TestCase):
       _run(self.simulation, directory, _ROUNDS)
 
 
+class CheckConfigTest(parameterized.TestCase):
+  """A restarted run must have the saved configuration, once it has a round to lose."""
+
+  def _directory_with_config(self, finished):
+    directory = tempfile.mkdtemp(prefix='test_check_config_')
+    self.addCleanup(shutil.rmtree, directory)
+    experiment.check_config(directory, {'seed': 0, 'rounds': 5})
+    if finished == 'metrics':
+      with open(os.path.join(directory, experiment.METRICS_FILE), 'w') as f:
+        f.write('round,train_loss\n0,1.0\n')
+    elif finished == 'checkpoint':
+      os.makedirs(os.path.join(directory, experiment.CHECKPOINTS_DIR, 'round_1'))
+    return directory
+
+  def _saved(self, directory):
+    with open(os.path.join(directory, experiment.CONFIG_FILE)) as f:
+      return json.load(f)
+
+  @parameterized.parameters('metrics', 'checkpoint')
+  def test_a_run_with_finished_rounds_refuses_other_flags(self, finished):
+    directory = self._directory_with_config(finished)
+    with self.assertRaisesRegex(experiment.ConfigMismatchError,
+                                r"seed: 0 → 1\). Use the same flags"):
+      experiment.check_config(directory, {'seed': 1, 'rounds': 5})
+    self.assertEqual(self._saved(directory), {'seed': 0, 'rounds': 5})
+
+  def test_ignored_keys_may_change(self):
+    directory = self._directory_with_config('metrics')
+    experiment.check_config(directory, {'seed': 0, 'rounds': 9}, ignore=('rounds',))
+    self.assertEqual(self._saved(directory), {'seed': 0, 'rounds': 5})
+
+  def test_a_run_without_a_finished_round_takes_the_new_flags(self):
+    # E.g. its data failed to load: the corrected command must not be refused.
+    directory = self._directory_with_config(finished=None)
+    experiment.check_config(directory, {'seed': 1, 'rounds': 5})
+    self.assertEqual(self._saved(directory), {'seed': 1, 'rounds': 5})
+
+
 if __name__ == '__main__':
   absltest.main()
