@@ -15,6 +15,7 @@ times FedAvg's communication.)
 
 import collections
 
+import numpy as np
 import tensorflow as tf
 
 from baselines import gather
@@ -80,6 +81,7 @@ class BucketingFactory(gather.GatheringAggregationFactory):
 
     Raises:
       TypeError: if `inner` is not a gathering baseline.
+      TypeError: if `seed` is not an integer.
       ValueError: if `bucket_size` < 1.
     """
     if not isinstance(inner, gather.GatheringAggregationFactory):
@@ -90,6 +92,8 @@ class BucketingFactory(gather.GatheringAggregationFactory):
           'gathered_gm.')
     self._inner = inner
     self._bucket_size = iterative_mean.check_positive_int('bucket_size', bucket_size)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+      raise TypeError(f'seed must be an integer, got {seed!r}.')
     self._seed = int(seed)
 
   inner = property(lambda self: self._inner, doc='The aggregator of the bucket means.')

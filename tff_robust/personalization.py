@@ -94,6 +94,12 @@ class PersonalizedRfaUpdate:
   shared_stats: TrainingStats
 
 
+def _check_learning_rate(name: str, value: float) -> None:
+  # A NaN or negative rate would return non-finite or ascending weights silently.
+  if not 0 < value < np.inf:
+    raise ValueError(f'{name} must be a finite number > 0, got {value!r}.')
+
+
 class PersonalizationClient:
   """The client computations of Ditto and personalized RFA on one reused Keras model.
 
@@ -140,6 +146,7 @@ class PersonalizationClient:
   def local_sgd(self, weights: Sequence[np.ndarray], dataset: tf.data.Dataset,
                 learning_rate: float) -> LocalUpdate:
     """FedAvg's client update from `weights` (the global solver of Ditto)."""
+    _check_learning_rate('learning_rate', learning_rate)
     final, stats = self._run(weights, weights, dataset, learning_rate, 0.0)
     return LocalUpdate(_subtract(final, weights), stats)
 
@@ -156,8 +163,9 @@ class PersonalizationClient:
       learning_rate: η.
       lam: λ ≥ 0. For stability η(L + λ) < 2 (L: smoothness of F_k).
     """
-    if lam < 0:
-      raise ValueError(f'Ditto lambda must be >= 0, got {lam}.')
+    _check_learning_rate('learning_rate', learning_rate)
+    if not 0 <= lam < np.inf:
+      raise ValueError(f'Ditto lambda must be a finite number >= 0, got {lam!r}.')
     final, stats = self._run(personal_weights, global_weights, dataset, learning_rate,
                              lam)
     return DittoPersonalUpdate(final, stats)
@@ -181,6 +189,8 @@ class PersonalizationClient:
     """
     if personal_learning_rate is None:
       personal_learning_rate = learning_rate
+    _check_learning_rate('learning_rate', learning_rate)
+    _check_learning_rate('personal_learning_rate', personal_learning_rate)
     start = _add(global_weights, personal_offset)
     # u phase: SGD on θ = w + u with w fixed, so u_τ = θ_τ − w.
     theta_u, personal_stats = self._run(start, start, personal_dataset,

@@ -85,6 +85,8 @@ class BucketingTest(parameterized.TestCase):
       bucketing.BucketingFactory(geometric_median.GeometricMedianFactory())
     with self.assertRaisesRegex(ValueError, 'bucket_size'):
       bucketing.BucketingFactory(coordinatewise.CoordinateWiseMedianFactory(), 0)
+    with self.assertRaisesRegex(TypeError, "seed must be an integer, got 'a'"):
+      bucketing.BucketingFactory(coordinatewise.CoordinateWiseMedianFactory(), seed='a')
 
 
 class FedAvgBuilderTest(tf.test.TestCase):

@@ -92,12 +92,34 @@ class PersonalizationClientTest(tf.test.TestCase, parameterized.TestCase):
     ls.assert_weights_close(self, update.personal_weights, w, atol=1e-4)
     self.assertGreater(np.abs(v[0] - w[0]).max(), 0.5)  # It did move all the way.
 
-  def test_rejects_negative_lambda_and_wrong_shapes(self):
-    rng = np.random.default_rng(7)
-    w = ls.random_params(rng)
+  @parameterized.parameters(-1.0, np.nan, np.inf)
+  def test_rejects_impossible_lambda(self, lam):
+    w = ls.random_params(np.random.default_rng(7))
     x, y = self.clients['client_0']
-    with self.assertRaisesRegex(ValueError, 'lambda'):
-      self.client.ditto_personal_update(w, w, ls.full_batch(x, y), 0.1, -1.0)
+    with self.assertRaisesRegex(ValueError, 'lambda must be a finite number >= 0'):
+      self.client.ditto_personal_update(w, w, ls.full_batch(x, y), 0.1, lam)
+
+  @parameterized.product(rate=[0.0, -0.1, np.nan, np.inf],
+                         method=['local_sgd', 'ditto', 'personalized_rfa',
+                                 'personalized_rfa_personal'])
+  def test_rejects_impossible_learning_rates(self, rate, method):
+    w = ls.random_params(np.random.default_rng(7))
+    data = ls.full_batch(*self.clients['client_0'])
+    call, name = {
+        'local_sgd': (lambda: self.client.local_sgd(w, data, rate), 'learning_rate'),
+        'ditto': (lambda: self.client.ditto_personal_update(w, w, data, rate, 1.0),
+                  'learning_rate'),
+        'personalized_rfa': (lambda: self.client.personalized_rfa_update(
+            w, w, data, data, rate), 'learning_rate'),
+        'personalized_rfa_personal': (lambda: self.client.personalized_rfa_update(
+            w, w, data, data, 0.1, rate), 'personal_learning_rate'),
+    }[method]
+    with self.assertRaisesRegex(ValueError, f'^{name} must be a finite number > 0'):
+      call()
+
+  def test_rejects_wrong_shapes(self):
+    w = ls.random_params(np.random.default_rng(7))
+    x, y = self.clients['client_0']
     with self.assertRaisesRegex(ValueError, 'do not match'):
       self.client.local_sgd([w[0]], ls.full_batch(x, y), 0.1)
 
