@@ -12,6 +12,7 @@ run's identity (`run_config()`): a resumed run must match it.
 
 import ast
 import math
+import os
 import shlex
 import sys
 from typing import Any, Optional, Sequence
@@ -151,7 +152,7 @@ def define_training_flags(sweep: bool = False, **defaults) -> None:
   define('float', 'server_learning_rate', get('server_learning_rate', 1.0), 'Server '
           'SGD learning rate applied to the aggregate (1 = FedAvg).', lower_bound=1e-12)
   define('float', 'server_momentum', get('server_momentum', 0.0), 'Server SGD '
-          'momentum.', lower_bound=0.0)
+          'momentum in [0, 1); 0: none.', lower_bound=0.0, upper_bound=0.999999)
   define('integer', 'eval_period', get('eval_period', 1), 'Evaluate on the clean test '
           'data every this many rounds (and after the last round).', lower_bound=1)
   define('integer', 'checkpoint_period', get('checkpoint_period', 1), 'Checkpoint '
@@ -195,12 +196,23 @@ def define_attack_args_flag(attacks_flag: str) -> None:
                                message='invalid --attack_args')
   def _check_attack_args(values):
     names = values[attacks_flag]
-    for name in [names] if isinstance(names, str) else names or []:
-      if name not in attacks.UPDATE_ATTACKS:
-        continue  # 'none' and data attacks take no parameters.
+    names = [names] if isinstance(names, str) else list(names or [])
+    entries = values['attack_args']
+    update_attacks = [name for name in names if name in attacks.UPDATE_ATTACKS]
+    if entries and not update_attacks:
+      raise flags.ValidationError(
+          f'--attack_args: --{attacks_flag}={",".join(names)} takes no parameters '
+          '(only update attacks do); drop --attack_args.')
+    targets = {entry.partition('=')[0].rpartition(':')[0] for entry in entries}
+    for target in sorted(targets - {''} - set(names)):
+      if target in attacks.UPDATE_ATTACKS:  # Unknown names are named below.
+        raise flags.ValidationError(
+            f'--attack_args: entries for {target}, which is not in --{attacks_flag}='
+            f'{",".join(names)}; drop them or add the attack.')
+    for name in update_attacks:
       try:
         attacks.build_update_attack(name, **parse_named_args(
-            values['attack_args'], name, attacks.UPDATE_ATTACKS))
+            entries, name, attacks.UPDATE_ATTACKS))
       except (TypeError, ValueError) as e:
         raise flags.ValidationError(f'--attack_args: {e}') from e
     return True
@@ -333,6 +345,63 @@ def quiet_logs() -> None:
     tf.get_logger().setLevel('ERROR')
 
 
+def _file_in_the_way(path: str) -> Optional[str]:
+  """The path or ancestor that exists and is not a directory (which would stop
+  `os.makedirs(path)`), or None."""
+  path = os.path.abspath(os.path.expanduser(path))
+  while not os.path.isdir(path):
+    if os.path.lexists(path):
+      return path
+    parent = os.path.dirname(path)
+    if parent == path:
+      return None
+    path = parent
+  return None
+
+
+def repository_readme() -> str:
+  """The repository's README.md, the default page a binary updates; '' when the
+  binary runs from an installed package, which has none."""
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), 'README.md')
+  return path if os.path.isfile(path) else ''
+
+
+def validate_output_paths(directories: Sequence[str] = (), files: Sequence[str] = (),
+                          existing_files: Sequence[str] = (),
+                          flag_values: flags.FlagValues = FLAGS) -> None:
+  """Checks at parse time that the binary can write where its path flags point, so a
+  typo stops it before training rather than after (an empty value skips the output):
+  --`directories` must be directories or creatable as such, --`files` creatable files
+  (not directories), and --`existing_files` files that exist (they are edited)."""
+  def register(name, problem_of):
+    def check(value):
+      problem = value and problem_of(value)
+      if problem:
+        raise flags.ValidationError(f'--{name}={value}: {problem}; pass another path.')
+      return True
+    flags.register_validator(name, check, flag_values=flag_values)
+
+  def directory_problem(value):
+    blocker = _file_in_the_way(value)
+    return blocker and f'{blocker} is a file, not a directory'
+
+  def file_problem(value):
+    if os.path.isdir(value):
+      return 'is a directory, not a file'
+    return directory_problem(os.path.dirname(value) or '.')
+
+  def existing_file_problem(value):
+    return not os.path.isfile(value) and 'no such file'
+
+  for name in directories:
+    register(name, directory_problem)
+  for name in files:
+    register(name, file_problem)
+  for name in existing_files:
+    register(name, existing_file_problem)
+
+
 def _check_no_unknown(defaults) -> None:
   if defaults:
     raise TypeError(f'No such flags in this group: {sorted(defaults)}.')
@@ -359,6 +428,7 @@ def define_sweep_flags(**defaults) -> None:
   _check_no_unknown(defaults)
   validate_aggregators('aggregators')
   validate_attacks('attacks')
+  validate_output_paths(directories=['output_dir'])
   flags.register_validator(
       'aggregators', bool, message='--aggregators must name at least one aggregator.')
   flags.register_validator(
@@ -367,7 +437,7 @@ def define_sweep_flags(**defaults) -> None:
   flags.register_validator('rhos', _valid_rhos,
                            message='--rhos must be numbers in [0, 0.5).')
   flags.register_validator('seeds', lambda v: bool(v) and all(
-      s.lstrip('-').isdigit() for s in v), message='--seeds must be integers.')
+      s.isdigit() for s in v), message='--seeds must be integers ≥ 0.')
 
 
 def _valid_rhos(values) -> bool:

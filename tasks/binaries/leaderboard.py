@@ -34,6 +34,7 @@ import time
 
 from absl import flags
 
+from tasks import builders
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import leaderboard
@@ -54,15 +55,25 @@ flag_groups.define_sweep_flags(
     rhos=['0', '0.1', '0.25'], seeds=['0', '1', '2'], output_dir='')
 flags.DEFINE_string('results_dir', os.path.join(_REPO, 'results'), 'Where to also '
                     'write leaderboard_<task>_<model>.md and .png; empty to skip.')
-flags.DEFINE_string('readme', os.path.join(_REPO, 'README.md'), 'README whose '
+flags.DEFINE_string('readme', flag_groups.repository_readme(), 'README whose '
                     'leaderboard section gets the table of --readme_model; empty to '
                     'skip.')
 flags.DEFINE_string('readme_model', 'linear', 'The model whose table the README shows.')
 flags.DEFINE_string('ledger', '', 'The ledger of finished runs; default '
                     '<results_dir>/leaderboard_<task>_<model>_runs.csv, or '
                     '<output_dir>/ledger.csv with an empty --results_dir.')
+flag_groups.validate_output_paths(directories=['results_dir'], files=['ledger'],
+                                  existing_files=['readme'])
 
 
+@flags.multi_flags_validator(['task', 'readme_model'], message='invalid --readme_model')
+def _check_readme_model(values):
+  models = builders.known_tasks()[values['task']]['models']
+  if values['readme_model'] not in models:
+    raise flags.ValidationError(
+        f'--readme_model={values["readme_model"]} is not a model of '
+        f'--task={values["task"]}; choices: {", ".join(models)}.')
+  return True
 
 # Flags that only say where files go: left out of the page's command line.
 _PATH_FLAGS = ('--output_dir', '--results_dir', '--readme=', '--ledger', '--checkpoint_period',

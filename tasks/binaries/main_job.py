@@ -46,9 +46,10 @@ flag_groups.define_sweep_flags(
     output_dir='runs/main_job')
 flags.DEFINE_string('results_markdown', os.path.join(_REPO, 'results', 'main_job.md'),
                     'Where to also write the markdown table; empty to skip.')
-flags.DEFINE_string('readme', os.path.join(_REPO, 'README.md'),
+flags.DEFINE_string('readme', flag_groups.repository_readme(),
                     'README whose section between the main-job markers gets the new '
                     'table; empty to skip.')
+flag_groups.validate_output_paths(files=['results_markdown'], existing_files=['readme'])
 
 _AGGREGATOR_NAMES = {
     'mean': 'FedAvg (mean)', 'gm': 'RFA (gm)', 'one_step_gm': 'one-step RFA',
@@ -79,7 +80,7 @@ def main(argv):
   with open(os.path.join(FLAGS.output_dir, 'main_job.md'), 'w') as f:
     f.write(page)
   if FLAGS.results_markdown:
-    os.makedirs(os.path.dirname(FLAGS.results_markdown), exist_ok=True)
+    os.makedirs(os.path.dirname(FLAGS.results_markdown) or '.', exist_ok=True)
     with open(FLAGS.results_markdown, 'w') as f:
       f.write(page)
   if FLAGS.readme and not sweep.update_marked_section(FLAGS.readme, page):

@@ -27,6 +27,7 @@ flag_groups.define_training_flags(sweep=True)
 flag_groups.define_sweep_flags()
 flags.DEFINE_string('results_dir', '', 'Also copy the table and plots here (e.g. '
                     'results/fig2_emnist_linear); empty: only --output_dir.')
+flag_groups.validate_output_paths(directories=['results_dir'])
 
 # Flags that only say where files go or how to show progress: left out of the
 # command line a results page quotes.

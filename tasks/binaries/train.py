@@ -54,6 +54,7 @@ FLAGS = flags.FLAGS
 flag_groups.define_task_flags()
 flag_groups.define_training_flags()
 flags.DEFINE_string('root_output_dir', 'runs', 'Root of the output directories.')
+flag_groups.validate_output_paths(directories=['root_output_dir'])
 flags.DEFINE_string('experiment_name', None, 'Output subdirectory; default '
                     '<task>_<model>_<aggregator>_<attack>_rho<rho>_seed<seed>.')
 flag_groups.define('string', 'aggregator', 'gm', 'Aggregator of the client updates, '

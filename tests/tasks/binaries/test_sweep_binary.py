@@ -1,11 +1,13 @@
 """The sweep binary end to end on a tiny synthetic configuration: --results_dir gets
 the table, headed by the command and its time, and every plot; a rerun trains
-nothing and says so."""
+nothing and says so. The sweep binaries refuse bad flags before training."""
 
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 from tests.helpers import processes
 
@@ -40,3 +42,21 @@ def test_results_dir_gets_the_table_with_its_command_and_the_plots(tmp_path):
   rerun = _sweep(tmp_path)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert '0 of 4 runs trained' in (results / 'summary.md').read_text(encoding='utf-8')
+
+
+@pytest.mark.parametrize('module, flag, message', [
+    ('sweep', '--seeds=-1', '--seeds must be integers ≥ 0'),
+    ('sweep', f'--results_dir={os.path.abspath(__file__)}', '--results_dir=.*is a file'),
+    ('leaderboard', '--readme_model=lstm', '--readme_model=lstm is not a model'),
+    ('leaderboard', f'--ledger={_REPO}', '--ledger=.*is a directory'),
+    ('main_job', '--readme=/nonexistent/README.md', '--readme=.*no such file'),
+])
+def test_bad_flags_stop_the_sweep_binaries_before_training(tmp_path, module, flag,
+                                                           message):
+  result = subprocess.run(
+      [sys.executable, '-m', f'tasks.binaries.{module}', '--data_source=synthetic',
+       f'--output_dir={tmp_path / "runs"}', flag], cwd=_REPO, capture_output=True,
+      text=True, timeout=600, env=processes.quiet_env())
+  assert result.returncode != 0
+  assert re.search(message, result.stderr), result.stderr[-2000:]
+  assert not (tmp_path / 'runs').exists()

@@ -1,0 +1,60 @@
+"""Parse-time checks of the binaries' output paths (`flag_groups.validate_output_paths`):
+a path the binary could not write stops it before training, naming the flag."""
+
+import os
+import shutil
+import tempfile
+
+from absl import flags
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from tasks.binaries import flag_groups
+
+
+class ValidateOutputPathsTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.root = tempfile.mkdtemp(prefix='test_flag_groups_')
+    self.addCleanup(shutil.rmtree, self.root)
+    self.file = os.path.join(self.root, 'a_file')
+    with open(self.file, 'w') as f:
+      f.write('x')
+    self.flag_values = flags.FlagValues()
+    for name in ('out', 'page', 'readme'):
+      flags.DEFINE_string(name, '', '', flag_values=self.flag_values)
+    flag_groups.validate_output_paths(directories=['out'], files=['page'],
+                                      existing_files=['readme'],
+                                      flag_values=self.flag_values)
+
+  def _parse(self, **values):
+    self.flag_values(['binary'] + [f'--{k}={v.format(root=self.root, file=self.file)}'
+                                   for k, v in values.items()])
+
+  @parameterized.named_parameters(
+      ('empty_skips_the_output', dict(out='', page='', readme='')),
+      ('new_nested_directory', dict(out='{root}/new/deeper')),
+      ('existing_directory', dict(out='{root}')),
+      ('new_file_in_a_new_directory', dict(page='{root}/new/page.md')),
+      ('bare_file_name', dict(page='page.md')),
+      ('existing_file_to_edit', dict(readme='{file}')),
+  )
+  def test_writable_paths_pass(self, values):
+    self._parse(**values)
+
+  @parameterized.named_parameters(
+      ('directory_is_a_file', dict(out='{file}'), '--out=.*a_file is a file'),
+      ('directory_under_a_file', dict(out='{file}/run'), '--out=.*a_file is a file'),
+      ('file_under_a_file', dict(page='{file}/page.md'), '--page=.*a_file is a file'),
+      ('file_is_a_directory', dict(page='{root}'), '--page=.*is a directory'),
+      ('edited_file_missing', dict(readme='{root}/none.md'), '--readme=.*no such file'),
+  )
+  def test_unwritable_paths_are_refused_naming_the_flag(self, values, message):
+    with self.assertRaisesRegex(flags.IllegalFlagValueError,
+                                message + '.*; pass another path'):
+      self._parse(**values)
+
+
+if __name__ == '__main__':
+  absltest.main()
