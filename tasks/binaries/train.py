@@ -133,9 +133,13 @@ def main(argv):
         exit_status.exit_with(f'--workers: {e}', exit_status.FLAGS_OR_OTHER_RUN)
       stack.callback(context.close)
     simulation = build_simulation(task, context)
-    print(f'{experiment_name()}: {len(task.train_data.client_ids)} clients, '
+    num_clients = len(task.train_data.client_ids)
+    print(f'{experiment_name()}: {num_clients} clients, '
           f'{len(simulation.corrupted_clients)} corrupted; output in {output_dir}',
           file=sys.stderr)
+    if FLAGS.clients_per_round > num_clients:
+      print(f'--clients_per_round={FLAGS.clients_per_round} is more than the task\'s '
+            f'{num_clients} clients: all of them train every round.', file=sys.stderr)
     try:
       experiment.run_experiment(simulation, output_dir, FLAGS.rounds,
                                 FLAGS.eval_period, progress=FLAGS.progress,

@@ -45,6 +45,14 @@ def _rows(output_dir):
     return list(csv.DictReader(f))
 
 
+
+def test_more_clients_per_round_than_clients_is_said(tmp_path, capfd):
+  _run_main(rounds=1, root_output_dir=tmp_path,
+            **dict(_SMALL_RUN, clients_per_round=50))
+  assert ("--clients_per_round=50 is more than the task's 8 clients: all of them train "
+          'every round.') in capfd.readouterr().err
+
+
 class TrainTest(parameterized.TestCase):
 
   def _tempdir(self):
