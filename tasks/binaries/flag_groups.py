@@ -106,6 +106,10 @@ def define_task_flags(**defaults) -> None:
       raise flags.ValidationError(
           f'--data_dir is required with --data_source={source}: '
           f'{_SOURCES_NEEDING_DATA_DIR[source]}.')
+    if source not in _SOURCES_NEEDING_DATA_DIR and values['data_dir']:
+      raise flags.ValidationError(
+          f'--data_dir is not read with --data_source={source}; drop it, or pick a '
+          f'source that reads it: {", ".join(_SOURCES_NEEDING_DATA_DIR)}.')
     return True
 
 

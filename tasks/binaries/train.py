@@ -140,6 +140,9 @@ def main(argv):
     if FLAGS.clients_per_round > num_clients:
       print(f'--clients_per_round={FLAGS.clients_per_round} is more than the task\'s '
             f'{num_clients} clients: all of them train every round.', file=sys.stderr)
+    if FLAGS.attack != attacks.NO_ATTACK and not FLAGS.rho:
+      print(f'--attack={FLAGS.attack} with --rho=0 corrupts no client: a clean run.',
+            file=sys.stderr)
     try:
       experiment.run_experiment(simulation, output_dir, FLAGS.rounds,
                                 FLAGS.eval_period, progress=FLAGS.progress,

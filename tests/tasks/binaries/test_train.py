@@ -46,11 +46,13 @@ def _rows(output_dir):
 
 
 
-def test_more_clients_per_round_than_clients_is_said(tmp_path, capfd):
+def test_flags_that_do_less_than_they_say_are_named(tmp_path, capfd):
   _run_main(rounds=1, root_output_dir=tmp_path,
-            **dict(_SMALL_RUN, clients_per_round=50))
+            **dict(_SMALL_RUN, clients_per_round=50, rho=0))
+  stderr = capfd.readouterr().err
   assert ("--clients_per_round=50 is more than the task's 8 clients: all of them train "
-          'every round.') in capfd.readouterr().err
+          'every round.') in stderr
+  assert '--attack=omniscient with --rho=0 corrupts no client: a clean run.' in stderr
 
 
 class TrainTest(parameterized.TestCase):
@@ -103,6 +105,8 @@ class TrainTest(parameterized.TestCase):
       ('attack', dict(attack='bogus'), 'omniscient'),
       ('model', dict(model='lstm'), '--model=lstm'),
       ('data_dir', dict(data_source='tff'), '--data_dir'),
+      ('data_dir_not_read', dict(data_source='bundled', data_dir='/tmp'),
+       '--data_dir is not read with --data_source=bundled'),
       ('aggregator_args', dict(aggregator_args='bogus=1'), '--aggregator_args'),
       ('rounds', dict(rounds=0), 'rounds'),
       ('client_learning_rate', dict(client_learning_rate='inf'),
