@@ -200,26 +200,35 @@ def define_attack_args_flag(attacks_flag: str) -> None:
                                message='invalid --attack_args')
   def _check_attack_args(values):
     names = values[attacks_flag]
-    names = [names] if isinstance(names, str) else list(names or [])
     entries = values['attack_args']
-    update_attacks = [name for name in names if name in attacks.UPDATE_ATTACKS]
-    if entries and not update_attacks:
-      raise flags.ValidationError(
-          f'--attack_args: --{attacks_flag}={",".join(names)} takes no parameters '
-          '(only update attacks do); drop --attack_args.')
-    targets = {entry.partition('=')[0].rpartition(':')[0] for entry in entries}
-    for target in sorted(targets - {''} - set(names)):
-      if target in attacks.UPDATE_ATTACKS:  # Unknown names are named below.
-        raise flags.ValidationError(
-            f'--attack_args: entries for {target}, which is not in --{attacks_flag}='
-            f'{",".join(names)}; drop them or add the attack.')
-    for name in update_attacks:
+    if isinstance(names, str):
+      # One run's entries for an attack it does not run are a mistake; a sweep's
+      # slice may keep the whole grid's (each run takes its own attack's).
+      _check_entries_are_for(attacks_flag, names, entries)
+    names = [names] if isinstance(names, str) else list(names or [])
+    for name in names:
+      if name not in attacks.UPDATE_ATTACKS:
+        continue  # 'none' and data attacks take no parameters.
       try:
         attacks.build_update_attack(name, **parse_named_args(
             entries, name, attacks.UPDATE_ATTACKS))
       except (TypeError, ValueError) as e:
         raise flags.ValidationError(f'--attack_args: {e}') from e
     return True
+
+
+def _check_entries_are_for(attack_flag: str, attack: str,
+                           entries: Sequence[str]) -> None:
+  if entries and attack not in attacks.UPDATE_ATTACKS:
+    raise flags.ValidationError(
+        f'--attack_args: --{attack_flag}={attack} takes no parameters (only update '
+        'attacks do); drop --attack_args.')
+  for entry in entries:
+    target = entry.partition('=')[0].rpartition(':')[0]
+    if target and target != attack and target in attacks.UPDATE_ATTACKS:
+      raise flags.ValidationError(
+          f'--attack_args: {entry} is for {target}, which --{attack_flag}={attack} '
+          'does not run; drop it.')
 
 
 def define_aggregator_args_flag(default: Sequence[str] = ()) -> None:
@@ -349,17 +358,19 @@ def quiet_logs() -> None:
     tf.get_logger().setLevel('ERROR')
 
 
-def _file_in_the_way(path: str) -> Optional[str]:
-  """The path or ancestor that exists and is not a directory (which would stop
-  `os.makedirs(path)`), or None."""
-  path = os.path.abspath(os.path.expanduser(path))
+def _directory_problem(path: str) -> Optional[str]:
+  """Why `os.makedirs(path)` and writing into it would fail, or None: an ancestor
+  that is a file, or a nearest existing directory that is not writable. The path is
+  taken literally, as the binary will (no `~` expansion, `..` not folded)."""
   while not os.path.isdir(path):
     if os.path.lexists(path):
-      return path
-    parent = os.path.dirname(path)
+      return f'{path} is a file, not a directory'
+    parent = os.path.dirname(path.rstrip(os.sep)) or os.curdir
     if parent == path:
       return None
     path = parent
+  if not os.access(path, os.W_OK | os.X_OK):
+    return f'{path} is not writable'
   return None
 
 
@@ -386,20 +397,20 @@ def validate_output_paths(directories: Sequence[str] = (), files: Sequence[str] 
       return True
     flags.register_validator(name, check, flag_values=flag_values)
 
-  def directory_problem(value):
-    blocker = _file_in_the_way(value)
-    return blocker and f'{blocker} is a file, not a directory'
-
   def file_problem(value):
     if os.path.isdir(value):
       return 'is a directory, not a file'
-    return directory_problem(os.path.dirname(value) or '.')
+    if os.path.exists(value) and not os.access(value, os.W_OK):
+      return 'is not writable'
+    return _directory_problem(os.path.dirname(value) or os.curdir)
 
   def existing_file_problem(value):
-    return not os.path.isfile(value) and 'no such file'
+    if not os.path.isfile(value):
+      return 'no such file'
+    return file_problem(value)
 
   for name in directories:
-    register(name, directory_problem)
+    register(name, _directory_problem)
   for name in files:
     register(name, file_problem)
   for name in existing_files:
@@ -428,10 +439,11 @@ def define_sweep_flags(**defaults) -> None:
   define('string', 'output_dir', get('output_dir', 'runs/sweep'), 'Where runs, table '
          'and plots go.', part_of_run=False)
   define_aggregator_args_flag(get('aggregator_args', ()))
+  # Attack names first: absl runs a flag's later validators only once it is valid.
+  validate_attacks('attacks')
   define_attack_args_flag('attacks')
   _check_no_unknown(defaults)
   validate_aggregators('aggregators')
-  validate_attacks('attacks')
   validate_output_paths(directories=['output_dir'])
   flags.register_validator(
       'aggregators', bool, message='--aggregators must name at least one aggregator.')
@@ -441,7 +453,7 @@ def define_sweep_flags(**defaults) -> None:
   flags.register_validator('rhos', _valid_rhos,
                            message='--rhos must be numbers in [0, 0.5).')
   flags.register_validator('seeds', lambda v: bool(v) and all(
-      s.isdigit() for s in v), message='--seeds must be integers ≥ 0.')
+      s.isdecimal() for s in v), message='--seeds must be integers ≥ 0.')
 
 
 def _valid_rhos(values) -> bool:

@@ -9,12 +9,19 @@ under every update attack and label flipping at ρ ∈ {0.1, 0.25}, 3 seeds, on 
 MNIST. Written to the output directory, next to the sweep's own tables and plots:
 
   leaderboard.md    rank, aggregator, clean accuracy and, per ρ, the accuracy under
-                    the attack that hurt it most (named), best worst case first
-  heatmap.png       final accuracy of every row under every (attack, ρ)
+                    the attack that hurt it most (named), best worst case first; the
+                    rows without worker momentum (β = 0)
+  heatmap.png       final accuracy of those rows under every (attack, ρ)
+  leaderboard_momentum.md, heatmap_momentum.png
+                    the same of every row, when some --worker_momenta is > 0
 
-and, with --results_dir, `leaderboard_<task>_<model>.md` and `.png` there
-(`leaderboard_<task>_<model>_momentum` when some --worker_momenta is > 0); the
-README's leaderboard section shows the table of --readme_model without momentum.
+and, with --results_dir, there:
+
+  leaderboard_<task>_<model>.md, .png
+                    leaderboard.md and heatmap.png: the README's leaderboard section
+                    shows this table for --readme_model
+  leaderboard_<task>_<model>_momentum.md, .png
+                    leaderboard_momentum.md and heatmap_momentum.png
   leaderboard_<task>_<model>_runs.csv
                     the ledger (`tasks.simulation.ledger`): every finished run's
                     final accuracy under a fingerprint of its whole configuration
@@ -27,6 +34,7 @@ the sweep flags (e.g. `--seeds=0 --aggregators=gm,median,bucketing+gm`); slices 
 side by side share the ledger (each run enters it as it finishes).
 """
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -75,9 +83,10 @@ def _check_readme_model(values):
         f'--task={values["task"]}; choices: {", ".join(models)}.')
   return True
 
+
 # Flags that only say where files go: left out of the page's command line.
-_PATH_FLAGS = ('--output_dir', '--results_dir', '--readme=', '--ledger', '--checkpoint_period',
-               '--progress', '--noprogress')
+_PATH_FLAGS = ('--output_dir', '--results_dir', '--readme=', '--ledger',
+               '--checkpoint_period', '--progress', '--noprogress')
 
 
 def _output_dir() -> str:
@@ -113,49 +122,65 @@ def _page(table: str, spec: sweep.SweepSpec, done: int, trained: int,
           'do not edit. -->\n\n' + protocol + '\n\n' + table)
 
 
+def _pages(spec: sweep.SweepSpec) -> list[tuple[sweep.SweepSpec, str]]:
+  """(the runs of a page, its name suffix): the rows without worker momentum, and all
+  rows when some β > 0, so one command writes both pages."""
+  pages = []
+  if 0.0 in spec.worker_momenta:
+    pages.append((dataclasses.replace(spec, worker_momenta=[0.0]), ''))
+  if any(beta > 0 for beta in spec.worker_momenta):
+    pages.append((spec, '_momentum'))
+  return pages
+
+
 def main(argv):
   start = time.time()
   task, spec = flag_groups.start_sweep_binary(argv)
   output_dir = _output_dir()
   ledger_path = _ledger_path(output_dir)
-  trained = sweep.run_sweep(task, spec, output_dir, progress=FLAGS.progress,
-                            checkpoint_period=FLAGS.checkpoint_period,
-                            recorded=ledger.read(ledger_path), ledger_path=ledger_path)
+  pages, trained = [], 0
+  for page_spec, suffix in _pages(spec):  # Plain rows first: their page is done first.
+    trained += sweep.run_sweep(task, page_spec, output_dir, progress=FLAGS.progress,
+                               checkpoint_period=FLAGS.checkpoint_period,
+                               recorded=ledger.read(ledger_path),
+                               ledger_path=ledger_path)
+    pages.append((page_spec, suffix, trained))
   # Runs that other slices finished in the same output directory.
   entries = ledger.merge(ledger_path, sweep.finished_entries(task, spec, output_dir))
+  sweep.write_summary(sweep.summarize(
+      spec, output_dir, sweep.recorded_results(task, spec, entries)), output_dir)
+  for page_spec, suffix, page_trained in pages:
+    _write_page(task, page_spec, suffix, entries, page_trained, time.time() - start,
+                output_dir, ledger_path)
+
+
+def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
+                seconds: float, output_dir: str, ledger_path: str) -> None:
+  """leaderboard<suffix>.md and heatmap<suffix>.png of `spec`'s runs in `output_dir`,
+  copied to --results_dir; the README gets the page without momentum."""
   recorded = sweep.recorded_results(task, spec, entries)
   summary = sweep.summarize(spec, output_dir, recorded)
-  sweep.write_summary(summary, output_dir)
   rows = leaderboard.worst_cases(summary)
-  page = _page(leaderboard.markdown_table(rows), spec, len(recorded), trained,
-               time.time() - start, ledger_path)
-  heatmap = os.path.join(output_dir, 'heatmap.png')
+  page = _page(leaderboard.markdown_table(rows), spec, len(recorded), trained, seconds,
+               ledger_path)
+  heatmap = os.path.join(output_dir, f'heatmap{suffix}.png')
   leaderboard.plot_heatmap(summary, rows, heatmap,
                            f'{FLAGS.task} {FLAGS.model}: final accuracy (%)')
-  with open(os.path.join(output_dir, 'leaderboard.md'), 'w') as f:
+  with open(os.path.join(output_dir, f'leaderboard{suffix}.md'), 'w') as f:
     f.write(page)
-  with_momentum = any(beta > 0 for beta in spec.worker_momenta)
   if FLAGS.results_dir:
     os.makedirs(FLAGS.results_dir, exist_ok=True)
-    stem = os.path.join(FLAGS.results_dir, f'leaderboard_{FLAGS.task}_{FLAGS.model}'
-                        + ('_momentum' if with_momentum else ''))
+    stem = os.path.join(FLAGS.results_dir,
+                        f'leaderboard_{FLAGS.task}_{FLAGS.model}{suffix}')
     with open(stem + '.md', 'w') as f:
       f.write(page)
     shutil.copyfile(heatmap, stem + '.png')
-  if FLAGS.readme and FLAGS.model == FLAGS.readme_model:
-    _update_readme(page, with_momentum)
-  print(page)
-
-
-def _update_readme(page: str, with_momentum: bool) -> None:
-  # The README's table is the plain one; momentum rows have a page of their own.
-  if with_momentum:
-    print(f'{FLAGS.readme} not updated: it shows the table without worker momentum '
-          '(--worker_momenta=0).', file=sys.stderr)
-  elif not sweep.update_marked_section(FLAGS.readme, page, leaderboard.README_BEGIN,
-                                       leaderboard.README_END):
+  if (not suffix and FLAGS.readme and FLAGS.model == FLAGS.readme_model and
+      not sweep.update_marked_section(FLAGS.readme, page, leaderboard.README_BEGIN,
+                                      leaderboard.README_END)):
     print(f'{FLAGS.readme} has no {leaderboard.README_BEGIN} ... '
           f'{leaderboard.README_END} section; not updated.', file=sys.stderr)
+  print(page)
 
 
 if __name__ == '__main__':

@@ -71,7 +71,8 @@ flags.register_validator('rho', lambda v: 0.0 <= v < 0.5,
 flag_groups.validate_attacks('attack')
 flag_groups.define_attack_args_flag('attack')
 flag_groups.define('integer', 'seed', 0, 'Seeds the model initialization, the '
-                    'corrupted set, client sampling and the data partition.')
+                    'corrupted set, client sampling and the data partition.',
+                    lower_bound=0)
 # Not part of the run's identity: a run may resume on other workers, or on none.
 flags.DEFINE_list('workers', [], 'host:port of TFF worker_binary processes to spread '
                   'each round\'s clients over (training and every secure average); '

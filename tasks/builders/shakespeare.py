@@ -192,8 +192,7 @@ def _snippet_ids(snippets: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
           np.concatenate(starts).astype(np.int64) if starts else np.zeros(0, np.int64))
 
 
-def sql_client_data(train_sql, test_sql, min_examples: int = MIN_EXAMPLES,
-                    path: str = 'shakespeare.sqlite'):
+def sql_client_data(train_sql, test_sql, path: str, min_examples: int = MIN_EXAMPLES):
   """Windows of TFF's Shakespeare `ClientData` (elements {'snippets': string}) read
   from `path`."""
   clients = {}
@@ -216,8 +215,9 @@ def tff_client_data(data_dir: Optional[str], min_examples: int = MIN_EXAMPLES):
   train, test = data_utils.load_tff_dataset(
       tff.simulation.datasets.shakespeare.load_data, 'shakespeare.sqlite', TFF_URL,
       data_dir)
-  return sql_client_data(train, test, min_examples,
-                         data_utils.tff_dataset_path('shakespeare.sqlite', data_dir))
+  return sql_client_data(
+      train, test, data_utils.tff_dataset_path('shakespeare.sqlite', data_dir),
+      min_examples)
 
 
 def synthetic_client_data(seed: int = 0, num_clients: int = 6):

@@ -111,7 +111,9 @@ def check_config(output_dir: str, config: Mapping[str, Any],
 
   Keys in `ignore` may change between sessions (e.g. a run is extended by raising
   `rounds`). A run that has not finished a round yet (no metrics, no checkpoint: say
-  its data failed to load) has nothing to protect, and takes the new `config`.
+  its data failed to load) has nothing to protect, and takes the new `config`; so
+  does one still in its first round in another process, which is not guarded
+  against (two runs in one directory are not supported anyway).
 
   Raises:
     ConfigMismatchError: naming the keys that differ.
@@ -138,6 +140,8 @@ def check_config(output_dir: str, config: Mapping[str, Any],
 
 
 def _has_finished_rounds(output_dir: str) -> bool:
+  """Whether the run has written a metrics row or a checkpoint (of any version, even
+  one being written)."""
   checkpoints_dir = os.path.join(output_dir, CHECKPOINTS_DIR)
   return (os.path.exists(os.path.join(output_dir, METRICS_FILE)) or
           (os.path.isdir(checkpoints_dir) and bool(os.listdir(checkpoints_dir))))

@@ -85,8 +85,10 @@ class BucketingTest(parameterized.TestCase):
       bucketing.BucketingFactory(geometric_median.GeometricMedianFactory())
     with self.assertRaisesRegex(ValueError, 'bucket_size'):
       bucketing.BucketingFactory(coordinatewise.CoordinateWiseMedianFactory(), 0)
-    with self.assertRaisesRegex(TypeError, "seed must be an integer, got 'a'"):
-      bucketing.BucketingFactory(coordinatewise.CoordinateWiseMedianFactory(), seed='a')
+    for seed in ('a', 1.5, True):
+      with self.assertRaisesRegex(TypeError, f'seed must be an integer, got {seed!r}'):
+        bucketing.BucketingFactory(coordinatewise.CoordinateWiseMedianFactory(),
+                                   seed=seed)
 
 
 class FedAvgBuilderTest(tf.test.TestCase):

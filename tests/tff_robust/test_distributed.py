@@ -230,7 +230,7 @@ def test_arguments_are_validated():
 @pytest.mark.parametrize('name', ['connect_timeout', 'unavailable_timeout'])
 @pytest.mark.parametrize('value', [0.0, -1.0, float('inf'), float('nan')])
 def test_timeouts_must_be_finite_and_positive(name, value):
-  # Refused before any connection is tried: the address is never dialled.
+  # A ValueError, not the WorkerError that dialling this closed port would raise.
   with pytest.raises(ValueError, match=f'{name} must be a finite number'):
     distributed.DistributedContext(['127.0.0.1:1'], **{name: value})
 

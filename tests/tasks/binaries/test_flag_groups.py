@@ -47,6 +47,8 @@ class ValidateOutputPathsTest(parameterized.TestCase):
       ('directory_is_a_file', dict(out='{file}'), '--out=.*a_file is a file'),
       ('directory_under_a_file', dict(out='{file}/run'), '--out=.*a_file is a file'),
       ('file_under_a_file', dict(page='{file}/page.md'), '--page=.*a_file is a file'),
+      # Taken literally, as os.makedirs will: `..` is not folded away.
+      ('back_out_of_a_file', dict(out='{file}/../run'), '--out=.*a_file is a file'),
       ('file_is_a_directory', dict(page='{root}'), '--page=.*is a directory'),
       ('edited_file_missing', dict(readme='{root}/none.md'), '--readme=.*no such file'),
   )
@@ -54,6 +56,13 @@ class ValidateOutputPathsTest(parameterized.TestCase):
     with self.assertRaisesRegex(flags.IllegalFlagValueError,
                                 message + '.*; pass another path'):
       self._parse(**values)
+
+  @absltest.skipIf(os.geteuid() == 0, 'root may write anywhere')
+  def test_a_directory_without_write_permission_is_refused(self):
+    os.chmod(self.root, 0o500)
+    self.addCleanup(os.chmod, self.root, 0o700)
+    with self.assertRaisesRegex(flags.IllegalFlagValueError, 'is not writable'):
+      self._parse(out='{root}/run')
 
 
 if __name__ == '__main__':

@@ -32,22 +32,26 @@ def _empty_readme(tmp_path):
   return readme
 
 
-def test_momentum_rows_get_a_page_of_their_own(tmp_path):
+def test_one_command_writes_the_plain_and_the_momentum_pages(tmp_path):
   readme = _empty_readme(tmp_path)
-  untouched = readme.read_text(encoding='utf-8')
   result = _leaderboard(tmp_path / 'runs', tmp_path / 'results', readme)
   assert result.returncode == 0, result.stderr[-3000:]
-  page = (tmp_path / 'results' / 'leaderboard_emnist_linear_momentum.md').read_text()
-  assert '12 of its 12 runs are finished, 12 of them by this invocation' in page
-  assert 'worst case ρ=0.3' in page
+  results = tmp_path / 'results'
+  momentum = (results / 'leaderboard_emnist_linear_momentum.md').read_text()
+  assert '12 of its 12 runs are finished, 12 of them by this invocation' in momentum
+  assert 'worst case ρ=0.3' in momentum
   for label in ('mean', 'mean +wm0.5', 'bucketing+median', 'bucketing+median +wm0.5'):
-    assert f' | {label} | ' in page, label
-  png = tmp_path / 'results' / 'leaderboard_emnist_linear_momentum.png'
-  assert png.stat().st_size > 5000
-  # The README shows the table without momentum; the plain page is not overwritten.
-  assert readme.read_text(encoding='utf-8') == untouched
-  assert 'without worker momentum' in result.stderr
-  assert not (tmp_path / 'results' / 'leaderboard_emnist_linear.md').exists()
+    assert f' | {label} | ' in momentum, label
+  # The plain page has the rows without momentum, trained first, with the numbers
+  # of the momentum page's same rows; the README shows it.
+  plain = (results / 'leaderboard_emnist_linear.md').read_text()
+  assert '6 of its 6 runs are finished, 6 of them by this invocation' in plain
+  assert '+wm' not in _table(plain)
+  for line in _table(plain).splitlines()[2:]:
+    assert line.split('|', 2)[2] in momentum, line
+  assert plain.strip() in readme.read_text(encoding='utf-8')
+  for stem in ('leaderboard_emnist_linear', 'leaderboard_emnist_linear_momentum'):
+    assert (results / f'{stem}.png').stat().st_size > 5000
 
 
 def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):

@@ -44,19 +44,20 @@ def test_results_dir_gets_the_table_with_its_command_and_the_plots(tmp_path):
   assert '0 of 4 runs trained' in (results / 'summary.md').read_text(encoding='utf-8')
 
 
-@pytest.mark.parametrize('module, flag, message', [
+@pytest.mark.parametrize('module, flags, message', [
     ('sweep', '--seeds=-1', '--seeds must be integers ≥ 0'),
+    ('sweep', '--attacks=alei --attack_args=z=1', 'alei unknown'),
     ('sweep', f'--results_dir={os.path.abspath(__file__)}', '--results_dir=.*is a file'),
     ('leaderboard', '--readme_model=lstm', '--readme_model=lstm is not a model'),
     ('leaderboard', f'--ledger={_REPO}', '--ledger=.*is a directory'),
     ('main_job', '--readme=/nonexistent/README.md', '--readme=.*no such file'),
 ])
-def test_bad_flags_stop_the_sweep_binaries_before_training(tmp_path, module, flag,
+def test_bad_flags_stop_the_sweep_binaries_before_training(tmp_path, module, flags,
                                                            message):
   result = subprocess.run(
       [sys.executable, '-m', f'tasks.binaries.{module}', '--data_source=synthetic',
-       f'--output_dir={tmp_path / "runs"}', flag], cwd=_REPO, capture_output=True,
-      text=True, timeout=600, env=processes.quiet_env())
+       f'--output_dir={tmp_path / "runs"}', *flags.split()], cwd=_REPO,
+      capture_output=True, text=True, timeout=600, env=processes.quiet_env())
   assert result.returncode != 0
   assert re.search(message, result.stderr), result.stderr[-2000:]
   assert not (tmp_path / 'runs').exists()

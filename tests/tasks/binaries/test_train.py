@@ -45,7 +45,6 @@ def _rows(output_dir):
     return list(csv.DictReader(f))
 
 
-
 def test_flags_that_do_less_than_they_say_are_named(tmp_path, capfd):
   _run_main(rounds=1, root_output_dir=tmp_path,
             **dict(_SMALL_RUN, clients_per_round=50, rho=0))
@@ -119,8 +118,9 @@ class TrainTest(parameterized.TestCase):
       ('attack_args_of_a_data_attack', dict(attack='data', rho=0.1, attack_args='z=3'),
        'takes no parameters'),
       ('attack_args_of_another_attack', dict(attack='ipm', attack_args='alie:z=3'),
-       'entries for alie, which is not in --attack=ipm'),
+       'alie:z=3 is for alie, which --attack=ipm does not run'),
       ('server_momentum', dict(server_momentum=5), '--server_momentum'),
+      ('seed', dict(seed=-1), '--seed'),
       ('root_output_dir_is_a_file', dict(root_output_dir=os.path.abspath(__file__)),
        '--root_output_dir=.*is a file'),
       ('client_work', dict(client_work='fedprox'), 'client_work'),
