@@ -62,7 +62,8 @@ flag_groups.define_sweep_flags(
     aggregators=leaderboard.DEFAULT_AGGREGATORS, attacks=leaderboard.DEFAULT_ATTACKS,
     rhos=['0', '0.1', '0.25'], seeds=['0', '1', '2'], output_dir='')
 flags.DEFINE_string('results_dir', os.path.join(_REPO, 'results'), 'Where to also '
-                    'write leaderboard_<task>_<model>.md and .png; empty to skip.')
+                    'write leaderboard_<task>_<model>[_momentum].md and .png; empty to '
+                    'skip.')
 flags.DEFINE_string('readme', flag_groups.repository_readme(), 'README whose '
                     'leaderboard section gets the table of --readme_model; empty to '
                     'skip.')
