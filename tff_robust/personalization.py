@@ -40,6 +40,8 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from tff_robust import iterative_mean
+
 Weights = list[np.ndarray]
 LossFn = Union[tf.keras.losses.Loss, Callable[[], tf.keras.losses.Loss]]
 
@@ -94,12 +96,6 @@ class PersonalizedRfaUpdate:
   shared_stats: TrainingStats
 
 
-def _check_learning_rate(name: str, value: float) -> None:
-  # A NaN or negative rate would return non-finite or ascending weights silently.
-  if not 0 < value < np.inf:
-    raise ValueError(f'{name} must be a finite number > 0, got {value!r}.')
-
-
 class PersonalizationClient:
   """The client computations of Ditto and personalized RFA on one reused Keras model.
 
@@ -146,7 +142,7 @@ class PersonalizationClient:
   def local_sgd(self, weights: Sequence[np.ndarray], dataset: tf.data.Dataset,
                 learning_rate: float) -> LocalUpdate:
     """FedAvg's client update from `weights` (the global solver of Ditto)."""
-    _check_learning_rate('learning_rate', learning_rate)
+    iterative_mean.check_positive_float('learning_rate', learning_rate)
     final, stats = self._run(weights, weights, dataset, learning_rate, 0.0)
     return LocalUpdate(_subtract(final, weights), stats)
 
@@ -163,7 +159,7 @@ class PersonalizationClient:
       learning_rate: η.
       lam: λ ≥ 0. For stability η(L + λ) < 2 (L: smoothness of F_k).
     """
-    _check_learning_rate('learning_rate', learning_rate)
+    iterative_mean.check_positive_float('learning_rate', learning_rate)
     if not 0 <= lam < np.inf:
       raise ValueError(f'Ditto lambda must be a finite number >= 0, got {lam!r}.')
     final, stats = self._run(personal_weights, global_weights, dataset, learning_rate,
@@ -189,8 +185,9 @@ class PersonalizationClient:
     """
     if personal_learning_rate is None:
       personal_learning_rate = learning_rate
-    _check_learning_rate('learning_rate', learning_rate)
-    _check_learning_rate('personal_learning_rate', personal_learning_rate)
+    iterative_mean.check_positive_float('learning_rate', learning_rate)
+    iterative_mean.check_positive_float('personal_learning_rate',
+                                        personal_learning_rate)
     start = _add(global_weights, personal_offset)
     # u phase: SGD on θ = w + u with w fixed, so u_τ = θ_τ − w.
     theta_u, personal_stats = self._run(start, start, personal_dataset,

@@ -224,7 +224,7 @@ def _check_entries_are_for(attack_flag: str, attack: str,
         f'--attack_args: --{attack_flag}={attack} takes no parameters (only update '
         'attacks do); drop --attack_args.')
   for entry in entries:
-    target = entry.partition('=')[0].rpartition(':')[0]
+    target, _, _ = _split_entry(entry)
     if target and target != attack and target in attacks.UPDATE_ATTACKS:
       raise flags.ValidationError(
           f'--attack_args: {entry} is for {target}, which --{attack_flag}={attack} '
@@ -240,6 +240,13 @@ def define_aggregator_args_flag(default: Sequence[str] = ()) -> None:
           '; wrappers take only targeted entries.')
 
 
+def _split_entry(entry: str) -> tuple[str, str, Optional[str]]:
+  """`[target:]key=value` as (target or '', key, value or None without '=')."""
+  head, sep, text = entry.partition('=')
+  target, _, key = head.rpartition(':')
+  return target, key, text if sep else None
+
+
 def parse_named_args(entries: Sequence[str], name: str, known_names: Sequence[str],
                      untargeted: bool = True) -> dict[str, Any]:
   """The keyword arguments of `name` in `[target:]key=value` entries (entries without
@@ -250,12 +257,11 @@ def parse_named_args(entries: Sequence[str], name: str, known_names: Sequence[st
   """
   kwargs = {}
   for entry in entries:
-    head, sep, text = entry.partition('=')
-    target, _, key = head.rpartition(':')
+    target, key, text = _split_entry(entry)
     if target and target not in known_names:
       raise ValueError(f'entry {entry!r} targets unknown {target!r}; known: '
                        f'{", ".join(known_names)}.')
-    if not sep or not key.isidentifier():
+    if text is None or not key.isidentifier():
       raise ValueError(f'entry {entry!r} is not [name:]key=value.')
     if (target or not untargeted) and target != name:
       continue

@@ -39,6 +39,7 @@ import os
 import shutil
 import sys
 import time
+from typing import Any
 
 from absl import flags
 
@@ -148,17 +149,18 @@ def main(argv):
     pages.append((page_spec, suffix, trained))
   # Runs that other slices finished in the same output directory.
   entries = ledger.merge(ledger_path, sweep.finished_entries(task, spec, output_dir))
-  sweep.write_summary(sweep.summarize(
-      spec, output_dir, sweep.recorded_results(task, spec, entries)), output_dir)
   for page_spec, suffix, page_trained in pages:
-    _write_page(task, page_spec, suffix, entries, page_trained, time.time() - start,
-                output_dir, ledger_path)
+    summary = _write_page(task, page_spec, suffix, entries, page_trained,
+                          time.time() - start, output_dir, ledger_path)
+  sweep.write_summary(summary, output_dir)  # The last page's runs are all of `spec`.
 
 
 def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
-                seconds: float, output_dir: str, ledger_path: str) -> None:
+                seconds: float, output_dir: str,
+                ledger_path: str) -> list[dict[str, Any]]:
   """leaderboard<suffix>.md and heatmap<suffix>.png of `spec`'s runs in `output_dir`,
-  copied to --results_dir; the README gets the page without momentum."""
+  copied to --results_dir; the README gets the page without momentum. Returns the
+  summary of those runs."""
   recorded = sweep.recorded_results(task, spec, entries)
   summary = sweep.summarize(spec, output_dir, recorded)
   rows = leaderboard.worst_cases(summary)
@@ -182,6 +184,7 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
     print(f'{FLAGS.readme} has no {leaderboard.README_BEGIN} ... '
           f'{leaderboard.README_END} section; not updated.', file=sys.stderr)
   print(page)
+  return summary
 
 
 if __name__ == '__main__':
