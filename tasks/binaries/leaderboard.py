@@ -1,7 +1,7 @@
 r"""The robustness leaderboard: every aggregator × every attack, ranked by worst case.
 
   python -m tasks.binaries.leaderboard --model=linear   # → runs/leaderboard/emnist_linear
-  python -m tasks.binaries.leaderboard --model=cnn
+  python -m tasks.binaries.leaderboard --model=small_cnn   # ConvNet, 0.2M parameters
 
 A sweep (`tasks.simulation.sweep`) of every aggregator, plain and behind the bucketing,
 NNM and ARC pre-aggregation wrappers, each with and without worker momentum (β = 0.9),
