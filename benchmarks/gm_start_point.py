@@ -1,7 +1,7 @@
 r"""Passes the smoothed Weiszfeld GM needs per start point, on real client updates.
 
 The updates are real EMNIST-linear model deltas: the bundled task
-(`tasks.build_task('emnist', 'linear', source='bundled')`, 5,000 real MNIST digits
+(`tasks.builders.build_task('emnist', 'linear', source='bundled')`, 5,000 real MNIST digits
 dealt to clients with a label skew), 20 clients, each running `local_steps` minibatch
 SGD steps (batch 10, learning rate 0.1) of softmax regression from the same random
 global model (Keras' Glorot-uniform init); the update is initial − trained, as in TFF.

@@ -154,7 +154,7 @@ class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
       covariance: 'identity' (simple γ-mean) or 'diagonal'.
       initial_point: 'mean' or 'geometric_median'.
       inner_mean_factory: the weighted mean every iteration goes through; default
-        `tff.aggregators.MeanFactory(no_nan_division=True)`.
+        `tff_robust.iterative_mean.Float64MeanFactory()`.
       geometric_median_factory: the factory of the initial point for
         `initial_point='geometric_median'`.
       variance_floor: lower bound (> 0) on σ_j² for the diagonal covariance, so that

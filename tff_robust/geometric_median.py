@@ -136,9 +136,9 @@ class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
   Privacy: client values reach the server only through `inner_mean_factory`; pass e.g.
   `tff.aggregators.MeanFactory(value_sum_factory=tff.aggregators.SecureSumFactory(b))`
   for secure aggregation (its bound applies to β_i·w_i, not to w_i), or
-  `tff_robust.dp_weighted_mean_factory(...)` for differential privacy. The objective
-  and counts are plain federated sums of per-client scalars; `max_effective_weight`
-  uses `tff.federated_max` of the clients' scalar weights.
+  `tff_robust.DifferentiallyPrivateWeightedMeanFactory(...)` for differential
+  privacy. The objective and counts are plain federated sums of per-client scalars;
+  `max_effective_weight` uses `tff.federated_max` of the clients' scalar weights.
   """
 
   # Client values reach the server only through sums (see the privacy tests).

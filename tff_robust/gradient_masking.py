@@ -72,7 +72,7 @@ class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
         values (it receives sign(Δ_n) ∈ {-1, 0, 1}); default
         `tff.aggregators.SumFactory()`.
       inner_mean_factory: the weighted mean of the updates; default
-        `tff.aggregators.MeanFactory(no_nan_division=True)`.
+        `tff_robust.iterative_mean.Float64MeanFactory()`.
 
     Raises:
       ValueError: if `tau` is outside [0, 1].
