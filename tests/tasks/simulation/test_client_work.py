@@ -82,22 +82,7 @@ class PersonalizedClientWorkTest(tf.test.TestCase, parameterized.TestCase):
     simulation = _simulation(
         self.task, method, aggregator='centered_clipping', clients_per_round=2,
         server_optimizer=tff.learning.optimizers.build_sgdm(1.0, momentum=0.9))
-    state = simulation.initial_state()
-    for round_num in range(3):
-      state, _ = simulation.run_round(state, round_num)
-    with tempfile.TemporaryDirectory() as directory:
-      manager = tff.program.FileProgramStateManager(directory)
-      asyncio.run(manager.save(state, 3))
-      # The binary resumes with the initial state as structure: it must load.
-      loaded, version = asyncio.run(manager.load_latest(simulation.initial_state()))
-    self.assertEqual(version, 3)
-    tf.nest.map_structure(np.testing.assert_array_equal,
-                          _comparable(loaded), _comparable(state))
-    # Resuming gives the same next round as continuing.
-    continued, _ = simulation.run_round(state, 3)
-    resumed, _ = simulation.run_round(loaded, 3)
-    tf.nest.map_structure(np.testing.assert_array_equal,
-                          _comparable(resumed), _comparable(continued))
+    _assert_checkpoint_resumes(simulation, 3, _comparable)
 
   def test_rejects_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, 'client work'):
@@ -121,12 +106,30 @@ class PersonalizedClientWorkTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(stats['p/num_clients'], 20)
 
 
+def _assert_checkpoint_resumes(simulation, num_rounds, comparable):
+  """After `num_rounds` rounds, the state saved by TFF's program state manager loads
+  equal (through `comparable`), and the next round from it equals continuing."""
+  state = simulation.initial_state()
+  for round_num in range(num_rounds):
+    state, _ = simulation.run_round(state, round_num)
+  with tempfile.TemporaryDirectory() as directory:
+    manager = tff.program.FileProgramStateManager(directory)
+    asyncio.run(manager.save(state, num_rounds))
+    # The binary resumes with the initial state as structure: it must load.
+    loaded, version = asyncio.run(manager.load_latest(simulation.initial_state()))
+  np.testing.assert_equal(version, num_rounds)
+  tf.nest.map_structure(np.testing.assert_array_equal, comparable(loaded),
+                        comparable(state))
+  continued, _ = simulation.run_round(state, num_rounds)
+  resumed, _ = simulation.run_round(loaded, num_rounds)
+  tf.nest.map_structure(np.testing.assert_array_equal, comparable(resumed),
+                        comparable(continued))
+
+
 def _comparable(state):
   """The state with client ids as bytes (a loaded state holds bytes objects)."""
   state = collections.OrderedDict(state)
-  personal = collections.OrderedDict(state['client_work'])
-  personal['client_ids'] = np.array([bytes(c) for c in personal['client_ids']])
-  state['client_work'] = personal
+  state['client_work'] = _ids_as_bytes(state['client_work'])
   return state
 
 
@@ -188,20 +191,7 @@ class WorkerMomentumTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(('fedavg', 'fedavg'), ('ditto', 'ditto'))
   def test_momentum_round_trips_through_checkpoint(self, name):
     simulation = self._simulation(name, aggregator='centered_clipping')
-    state = simulation.initial_state()
-    for round_num in range(2):
-      state, _ = simulation.run_round(state, round_num)
-    with tempfile.TemporaryDirectory() as directory:
-      manager = tff.program.FileProgramStateManager(directory)
-      asyncio.run(manager.save(state, 2))
-      loaded, version = asyncio.run(manager.load_latest(simulation.initial_state()))
-    self.assertEqual(version, 2)
-    tf.nest.map_structure(np.testing.assert_array_equal,
-                          _momentum_comparable(loaded), _momentum_comparable(state))
-    continued, _ = simulation.run_round(state, 2)
-    resumed, _ = simulation.run_round(loaded, 2)
-    tf.nest.map_structure(np.testing.assert_array_equal,
-                          _momentum_comparable(resumed), _momentum_comparable(continued))
+    _assert_checkpoint_resumes(simulation, 2, _momentum_comparable)
 
   @parameterized.parameters(1.0, -0.1, float('nan'), True)
   def test_rejects_bad_momentum(self, beta):
