@@ -16,7 +16,7 @@ WEIGHT_TYPE = tff.TensorType(np.float32)
 
 
 def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='zero',
-                             criteria=None):
+                             criteria=None, max_weights=None, centers=None):
   """Algorithm 2 of the paper on rows of `points`, stopped by the relative gradient.
 
   `start` is 'zero' (pass 1 a Weiszfeld step from 0), 'mean' (pass 1 the α-mean) or
@@ -24,7 +24,8 @@ def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='
   Returns the estimate and g_ν after every pass. Pass r ≥ 2 computes the Weiszfeld
   step v⁺ from v and the relative gradient ‖v⁺ − v‖·Σβ/Σα (appended to `criteria` if
   given); v⁺ is applied unless the estimate is frozen, and the estimate freezes once
-  the criterion is at most a positive `tolerance`.
+  the criterion is at most a positive `tolerance`. Every pass's max_i β_i/Σβ is
+  appended to `max_weights` and every point its β is computed at to `centers`.
   """
   points = np.asarray(points, np.float64)
   alphas = np.asarray(alphas, np.float64)
@@ -36,16 +37,22 @@ def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='
   def weights(v):
     return alphas / np.maximum(nu, np.linalg.norm(points - v, axis=1))
 
-  def weiszfeld_step(v):
-    beta = weights(v)
+  def step_with(beta):
+    if max_weights is not None:
+      max_weights.append(beta.max() / beta.sum())
     return beta @ points / beta.sum()
+
+  def weiszfeld_step(v):
+    if centers is not None:
+      centers.append(v)
+    return step_with(weights(v))
 
   if isinstance(start, np.ndarray):
     v = weiszfeld_step(start)
   elif start == 'zero':
     v = weiszfeld_step(np.zeros(points.shape[1]))
   else:
-    v = alphas @ points / alphas.sum()
+    v = step_with(alphas)
   objectives, frozen = [], False
   for _ in range(passes - 1):
     objectives.append(smoothed_objective(v))
@@ -103,9 +110,28 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
     points = rng.normal(size=(7, DIMENSION))
     points[:2] += 5.0  # Two outliers: the median differs visibly from the mean.
     weights = rng.uniform(1, 100, size=7) if weighted else np.ones(7)
-    criteria = []
+    self._assert_matches(points, weights, passes, nu, start)
+
+  @parameterized.product(passes=[3, 5], weighted=[True, False], start=['mean', 'zero'])
+  def test_matches_algorithm_2_where_nu_smooths(self, passes, weighted, start):
+    # Five clients within ν of the median: its weights are α/ν and its objective the
+    # quadratic branch α(d²/2ν + ν/2) there, beside two far outliers.
+    rng = np.random.default_rng(passes)
+    centre = rng.normal(size=DIMENSION)
+    points = centre + 0.02 * rng.normal(size=(7, DIMENSION))
+    points[:2] = centre + 2.0 * rng.normal(size=(2, DIMENSION))
+    weights = np.array([1, 1, 3, 2, 5, 4, 2]) if weighted else np.ones(7)
+    centers = self._assert_matches(points, weights, passes, 0.5, start)
+    distances = np.linalg.norm(points[:, np.newaxis] - np.array(centers), axis=2)
+    self.assertTrue(np.any(distances < 0.5) and np.any(distances > 0.5))
+
+  def _assert_matches(self, points, weights, passes, nu, start):
+    """The factory's result and measurements against the numpy Algorithm 2; returns
+    the points where the reference computed β."""
+    criteria, max_weights, centers = [], [], []
     expected, expected_objectives = numpy_smoothed_weiszfeld(
-        points, weights, passes, nu, start=start, criteria=criteria)
+        points, weights, passes, nu, start=start, criteria=criteria,
+        max_weights=max_weights, centers=centers)
 
     # The paper's start is one argument away from the default.
     actual, measurements = aggregate(
@@ -117,7 +143,10 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
     np.testing.assert_allclose(measurements['objective'], expected_objectives, rtol=1e-5)
     np.testing.assert_allclose(measurements['relative_gradient'], criteria, rtol=1e-4,
                                atol=1e-6)
+    np.testing.assert_allclose(measurements['max_effective_weight'], max(max_weights),
+                               rtol=1e-5)
     self.assertEqual(measurements['num_secure_average_calls'], passes)
+    return centers
 
   def test_one_step_matches_algorithm_3(self):
     rng = np.random.default_rng(3)
