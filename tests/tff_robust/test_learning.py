@@ -24,11 +24,11 @@ def model_fn():
       metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
 
 
-def client_datasets(num_clients, seed=0):
+def client_datasets(num_clients, seed=0, sizes=None):
   rng = np.random.default_rng(seed)
   datasets = []
-  for _ in range(num_clients):
-    x = rng.normal(size=(12, 4)).astype(np.float32)
+  for size in sizes or [12] * num_clients:
+    x = rng.normal(size=(size, 4)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 1).astype(np.int32)
     datasets.append(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
   return datasets
@@ -73,15 +73,37 @@ class RobustProcessTest(parameterized.TestCase):
         fed_avg.next(fed_avg.initialize(), data).state)
     np.testing.assert_allclose(flat(robust_weights), flat(fed_avg_weights), atol=1e-6)
 
-  def test_uniform_client_weighting_and_options_are_passed_through(self):
-    process = tff_robust.build_robust_federated_aggregation_process(
-        model_fn,
-        tff.learning.optimizers.build_sgdm(learning_rate=0.5),
-        tff.learning.optimizers.build_sgdm(learning_rate=1.0, momentum=0.9),
-        num_communication_passes=5,
-        client_weighting=tff.learning.ClientWeighting.UNIFORM)
-    output = process.next(process.initialize(), client_datasets(3))
-    self.assertLen(output.metrics['aggregator']['objective'], 5)
+  def test_options_are_passed_through(self):
+    # Clients of 4, 8 and 24 examples (uniform and by-example weights differ) and two
+    # rounds (server momentum shows in the second): the drop-in equals TFF's builder
+    # with the same options and the non-finite-filtered geometric median, and a
+    # dropped option would change the model.
+    datasets = client_datasets(3, sizes=(4, 8, 24))
+    uniform = tff.learning.ClientWeighting.UNIFORM
+    options = dict(
+        client_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=0.5),
+        server_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=1.0,
+                                                               momentum=0.9),
+        client_weighting=uniform)
+
+    def after_two_rounds(process):
+      state = process.initialize()
+      for _ in range(2):
+        state = process.next(state, datasets).state
+      return flat(process.get_model_weights(state))
+
+    def robust(**changes):
+      return after_two_rounds(tff_robust.build_robust_federated_aggregation_process(
+          model_fn, **{**options, 'num_communication_passes': 5, 'nu': 1e-3, **changes}))
+
+    reference = after_two_rounds(tff.learning.algorithms.build_weighted_fed_avg(
+        model_fn, **options, model_aggregator=tff_robust.NonfiniteFilteringFactory(
+            tff_robust.GeometricMedianFactory(num_communication_passes=5, nu=1e-3))))
+    actual = robust()
+    np.testing.assert_allclose(actual, reference, atol=1e-6)
+    for dropped in (dict(client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES),
+                    dict(server_optimizer_fn=None), dict(num_communication_passes=2)):
+      self.assertGreater(np.abs(robust(**dropped) - actual).max(), 1e-4, dropped)
 
   def test_keras_optimizer_function_gets_a_clear_error(self):
     with self.assertRaisesRegex(TypeError, 'tff.learning.optimizers'):
