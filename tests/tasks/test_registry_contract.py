@@ -247,6 +247,9 @@ class WrongTypeTest(parameterized.TestCase):
     # TFF's MeanFactory multiplies by any real weight; so do the factories here.
     proc = FACTORIES['gm']().create(VALUE_TYPES['float32'], tff.TensorType(dtype))
     values = client_values('float32', seed=5)
-    actual = proc.next(proc.initialize(), values, [dtype(2)] * NUM_CLIENTS).result
-    expected = run(process('gm', 'float32'), values, np.full(NUM_CLIENTS, 2.0)).result
+    weights = np.arange(1, NUM_CLIENTS + 1)
+    actual = proc.next(proc.initialize(), values, list(weights.astype(dtype))).result
+    expected = run(process('gm', 'float32'), values, weights).result
     np.testing.assert_allclose(as_vector(actual), as_vector(expected), rtol=1e-6)
+    unweighted = run(process('gm', 'float32'), values, np.ones(NUM_CLIENTS)).result
+    self.assertGreater(np.abs(as_vector(unweighted) - as_vector(expected)).max(), 1e-3)
