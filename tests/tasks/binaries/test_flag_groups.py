@@ -4,6 +4,7 @@ a path the binary could not write stops it before training, naming the flag."""
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 from absl import flags
 from absl.testing import absltest
@@ -57,12 +58,17 @@ class ValidateOutputPathsTest(parameterized.TestCase):
                                 message + '.*; pass another path'):
       self._parse(**values)
 
-  @absltest.skipIf(os.geteuid() == 0, 'root may write anywhere')
-  def test_a_directory_without_write_permission_is_refused(self):
-    os.chmod(self.root, 0o500)
-    self.addCleanup(os.chmod, self.root, 0o700)
-    with self.assertRaisesRegex(flags.IllegalFlagValueError, 'is not writable'):
-      self._parse(out='{root}/run')
+  @parameterized.named_parameters(
+      ('directory_to_create_in', dict(out='{root}/run'), '--out=.*/run: .* is not writable'),
+      ('file_to_write_in', dict(page='{root}/page.md'), '--page=.* is not writable'),
+      ('file_to_edit', dict(readme='{file}'), '--readme=.*a_file: is not writable'))
+  def test_paths_without_write_permission_are_refused(self, values, message):
+    # Permissions are stubbed: as root (CI may be) chmod would not deny anything.
+    denied, access = {self.root, self.file}, os.access
+    with mock.patch.object(os, 'access',
+                           lambda path, mode: path not in denied and access(path, mode)):
+      with self.assertRaisesRegex(flags.IllegalFlagValueError, message):
+        self._parse(**values)
 
 
 if __name__ == '__main__':
