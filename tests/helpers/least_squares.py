@@ -135,9 +135,11 @@ def assert_weights_close(test, actual, expected, atol=1e-5):
     np.testing.assert_allclose(a, e, atol=atol, rtol=1e-5)
 
 
-def one_round_with_a_huge_client(aggregator, seed):
-  """One round of `build_weighted_fed_avg` with `model_aggregator=aggregator` on five
-  clients of 6 examples, one (c2) with labels ×100 (a huge update).
+def one_round_with_a_huge_client(aggregator, seed,
+                                 build=tff.learning.algorithms.build_weighted_fed_avg):
+  """One round of `build` (a FedAvg builder's signature) with
+  `model_aggregator=aggregator` on five clients of 6 examples, one (c2) with labels
+  ×100 (a huge update).
 
   Returns (the model it trained, the plain-numpy updates of the clients as rows,
   the start, the round's aggregator measurements); the model must move from the
@@ -151,9 +153,8 @@ def one_round_with_a_huge_client(aggregator, seed):
     clients[f'c{i}'] = (x, (y * (100.0 if i == 2 else 1.0)).astype(np.float32))
   task = least_squares_task(clients)
   start = random_params(rng)
-  process = tff.learning.algorithms.build_weighted_fed_avg(
-      task.model_fn, tff.learning.optimizers.build_sgdm(LEARNING_RATE),
-      model_aggregator=aggregator)
+  process = build(task.model_fn, tff.learning.optimizers.build_sgdm(LEARNING_RATE),
+                  model_aggregator=aggregator)
   state = process.set_model_weights(
       process.initialize(),
       tff.learning.models.ModelWeights(trainable=start, non_trainable=[]))
