@@ -28,8 +28,8 @@ def np_bucket_means(x, w, order, s):
   return means, totals
 
 
-def _order(num_clients, round_num):
-  return bucketing.bucket_order(num_clients, SEED, round_num).numpy()
+def _order(num_clients, round_num, seed=SEED):
+  return bucketing.bucket_order(num_clients, seed, round_num).numpy()
 
 
 class BucketingTest(parameterized.TestCase):
@@ -75,9 +75,10 @@ class BucketingTest(parameterized.TestCase):
     self.assertTrue(np.all(np.isfinite(result)))
     np.testing.assert_allclose(result, np.median(means, axis=0), rtol=1e-5, atol=1e-5)
 
-  def test_order_is_a_permutation_that_depends_on_the_round(self):
+  def test_order_is_a_permutation_that_depends_on_the_round_and_seed(self):
     self.assertCountEqual(_order(10, 0), range(10))
     self.assertNotEqual(list(_order(10, 0)), list(_order(10, 1)))
+    self.assertNotEqual(list(_order(10, 0)), list(_order(10, 0, seed=SEED + 1)))
     self.assertEqual(list(_order(10, 3)), list(_order(10, 3)))
 
   def test_rejects_what_it_cannot_wrap_and_bad_sizes(self):

@@ -30,9 +30,11 @@ NUM_CLIENTS = 20
 NU = 1e-6
 GM_PASSES = 20  # From zero, 11 passes reach the median to 1e-6 on these inputs.
 SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)  # TensorFlow flushes below it.
-SCALES = collections.OrderedDict(
-    one_at_1e10=1e10, one_at_1e20=1e20, one_at_1e30=1e30, one_at_3e38=3e38,
-    all_at_1e_40=None)
+# One far client whose largest coordinate is the scale, or every client at the scale.
+FAR_CLIENT = collections.OrderedDict(
+    one_at_1e10=1e10, one_at_1e20=1e20, one_at_1e30=1e30, one_at_3e38=3e38)
+ALL_TINY = collections.OrderedDict(all_at_1e_30=1e-30, all_at_1e_40=1e-40)
+SCALES = collections.OrderedDict(**FAR_CLIENT, **ALL_TINY)
 
 
 def extreme_inputs(case, seed=0):
@@ -40,13 +42,12 @@ def extreme_inputs(case, seed=0):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(NUM_CLIENTS, cases.DIMENSION))
   weights = rng.integers(10, 201, size=NUM_CLIENTS).astype(np.float64)
-  scale = SCALES[case]
-  if scale is None:
-    x *= 1e-40
+  if case in ALL_TINY:
+    x *= ALL_TINY[case]
   else:
-    # One client whose largest coordinate is `scale` (3e38 < float32 max 3.4e38).
+    # One client whose largest coordinate is the scale (3e38 < float32 max 3.4e38).
     u = rng.normal(size=cases.DIMENSION)
-    x[7] = scale * u / np.abs(u).max()
+    x[7] = FAR_CLIENT[case] * u / np.abs(u).max()
   return x.astype(np.float32).astype(np.float64), weights
 
 
@@ -153,7 +154,7 @@ REFERENCES = dict(
 # The diagonal γ-mean's one-pass float32 variance (documented in GammaMeanFactory)
 # overflows beyond ~1.8e19 and loses the inliers' spread when one iteration moves the
 # estimate far: with one far client it is only required to stay finite.
-FINITE_ONLY = {('gamma_mean_diagonal', case) for case in SCALES if SCALES[case]}
+FINITE_ONLY = {('gamma_mean_diagonal', case) for case in FAR_CLIENT}
 
 
 def _process(name):

@@ -85,12 +85,13 @@ class PersonalizationClientTest(tf.test.TestCase, parameterized.TestCase):
     rng = np.random.default_rng(6)
     v, w = ls.random_params(rng, 3.0), ls.random_params(rng)
     x, y = self.clients['client_2']
+    # The personal model starts far from w, so ending at w is a move all the way.
+    self.assertGreater(np.abs(v[0] - w[0]).max(), 0.5)
     # ηλ = 0.5 keeps the iteration stable; the fixed point is w − ∇F(v)/λ ≈ w.
     lam = 1e6
     update = self.client.ditto_personal_update(v, w, ls.full_batch(x, y, 40),
                                                0.5 / lam, lam)
     ls.assert_weights_close(self, update.personal_weights, w, atol=1e-4)
-    self.assertGreater(np.abs(v[0] - w[0]).max(), 0.5)  # It did move all the way.
 
   @parameterized.parameters(-1.0, np.nan, np.inf)
   def test_rejects_impossible_lambda(self, lam):

@@ -101,6 +101,7 @@ class DataPoisoningTest(tf.test.TestCase):
     x, y = shakespeare.windows(ids, starts)
     poisoned = list(shakespeare.poison(tf.data.Dataset.from_tensor_slices((x, y))))
     rx, ry = shakespeare.windows(ids[::-1].copy(), starts)
+    self.assertLen(poisoned, len(rx))
     for (px, py), ex, ey in zip(poisoned, rx[::-1], ry[::-1]):
       self.assertAllEqual(px, ex)
       self.assertEqual(py, ey)
@@ -303,8 +304,11 @@ class AdaptiveUpdateAttacksTest(parameterized.TestCase):
     honest = updates[~corrupted]
     p = np_std_direction(honest, perturbation)
     gamma = (np_min_max_gamma if attack == 'min_max' else np_min_sum_gamma)(honest, p)
-    gamma = min(gamma, 20.0)  # The search covers [0, 2 gamma_init).
-    row = self._rows(attack, case, perturbation=perturbation, threshold=1e-9)
+    # The search covers [0, 2 gamma_init): start it where the boundary is inside (up
+    # to γ = 8.6e3 for an honest outlier far along the unit vector).
+    gamma_init = max(10.0, 0.75 * gamma)
+    row = self._rows(attack, case, perturbation=perturbation, gamma_init=gamma_init,
+                     threshold=1e-9)
     np.testing.assert_allclose(row, honest.mean(axis=0) + gamma * p, rtol=1e-5,
                                atol=1e-5)
 
@@ -402,15 +406,9 @@ class AdaptiveUpdateAttacksTest(parameterized.TestCase):
     updates, weights, corrupted = MATRICES[case]
     row = self._rows('model_replacement', case)
     honest_mean = np.average(updates[~corrupted], axis=0, weights=weights[~corrupted])
+    # The round's weighted mean becomes the target −μ_α plus the honest clients' share.
     np.testing.assert_allclose(
         row, -weights.sum() / weights[corrupted].sum() * honest_mean, rtol=1e-12)
-    attacked = updates.copy()
-    attacked[corrupted] = row
-    # The round's weighted mean: the target −μ_α plus the honest clients' share.
-    np.testing.assert_allclose(
-        np.average(attacked, axis=0, weights=weights),
-        -honest_mean + weights[~corrupted] @ updates[~corrupted] / weights.sum(),
-        rtol=1e-9, atol=1e-9)
 
   def test_model_replacement_with_target_and_boost(self):
     target = np.linspace(-1.0, 1.0, 9)
