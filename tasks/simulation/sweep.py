@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -157,14 +158,17 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
               checkpoint_period: int = 1,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
               recorded: Optional[Mapping[ledger.Key, ledger.Entry]] = None,
-              ledger_path: Optional[str] = None) -> int:
+              ledger_path: Optional[str] = None, keep_checkpoints: bool = True) -> int:
   """Runs (or resumes) every run of `spec` on `task`, sequentially, in-process;
   returns how many runs it trained. Finished runs are skipped, and so are the runs
   `recorded` (a ledger, `tasks.simulation.ledger`) holds with this task's and spec's
   fingerprint. Each run checkpoints every `checkpoint_period` rounds
   (`experiment.run_experiment`). A run that finishes (or diverges) writes its
   fingerprint into its directory (`FINGERPRINT_FILE`) and, with `ledger_path`, its
-  entry into that ledger at once, so a killed sweep keeps every finished run."""
+  entry into that ledger at once, so a killed sweep keeps every finished run. Without
+  `keep_checkpoints` it then deletes its checkpoints (a worker-momentum run keeps
+  every sampled client's momentum in them); its metrics.csv, config.json and
+  fingerprint stay, and are what mark it finished."""
   runs = spec.runs()
   recorded = recorded or {}
   trained = 0
@@ -174,10 +178,11 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     if os.path.exists(os.path.join(directory, DIVERGED_MARKER)):
       log(f'{label}: diverged in an earlier session, skipped.')
       continue
-    if experiment.finished_rounds(directory) >= spec.rounds:
+    fingerprint = run_fingerprint(task, spec, run)
+    if (_stored_fingerprint(directory) == fingerprint
+        or experiment.finished_rounds(directory) >= spec.rounds):
       log(f'{label}: finished, skipped.')
       continue
-    fingerprint = run_fingerprint(task, spec, run)
     if (run.name, fingerprint) in recorded:
       log(f'{label}: in the ledger, skipped.')
       continue
@@ -204,6 +209,9 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
       f.write(fingerprint + '\n')
     if ledger_path:
       ledger.merge(ledger_path, {(run.name, fingerprint): _entry(directory)})
+    checkpoints = os.path.join(directory, experiment.CHECKPOINTS_DIR)
+    if not keep_checkpoints and os.path.isdir(checkpoints):
+      shutil.rmtree(checkpoints)
   return trained
 
 

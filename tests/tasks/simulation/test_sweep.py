@@ -177,6 +177,29 @@ class LedgerSweepTest(parameterized.TestCase):
         (_task(seed=1), spec)):
       self.assertEqual(sweep.recorded_results(other_task, other_spec, entries), {})
 
+  def test_finished_runs_may_drop_their_checkpoints(self):
+    output_dir = tempfile.mkdtemp(prefix='test_sweep_ledger_')
+    self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
+    task = _task()
+    spec = _spec(aggregators=['mean'], attacks=['sign_flip'], rhos=[0.0, 0.3],
+                 seeds=[0], rounds=2)
+    ledger_path = os.path.join(output_dir, 'ledger.csv')
+    self.assertEqual(sweep.run_sweep(task, spec, output_dir, progress=False,
+                                     log=lambda m: None, ledger_path=ledger_path,
+                                     keep_checkpoints=False), 2)
+    for run in spec.runs():
+      self.assertFalse(os.path.exists(os.path.join(sweep.run_dir(output_dir, run),
+                                                   'checkpoints')))
+    entries = sweep.finished_entries(task, spec, output_dir)
+    self.assertEqual(ledger.read(ledger_path), entries)
+    self.assertTrue(all(0 <= e.final_accuracy <= 1 for e in entries.values()))
+    # Their fingerprints mark them finished, with or without the ledger.
+    messages = []
+    self.assertEqual(sweep.run_sweep(task, spec, output_dir, progress=False,
+                                     log=messages.append), 0)
+    self.assertLen(messages, 2)
+    self.assertTrue(all(m.endswith('finished, skipped.') for m in messages))
+
   def test_a_run_finished_with_other_settings_is_not_entered(self):
     output_dir = tempfile.mkdtemp(prefix='test_sweep_ledger_')
     self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
