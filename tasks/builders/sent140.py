@@ -262,11 +262,16 @@ def leaf_client_data(data_dir: str, glove: Glove, min_examples: int, seed: int):
 # ----- Sentiment140 CSV -----
 
 def read_sentiment140_csv(path: str) -> dict[str, tuple[list, list]]:
-  """user → (texts, labels) of the raw Sentiment140 CSV (latin-1, no header)."""
+  """user → (texts, labels) of the raw Sentiment140 CSV (latin-1, no header).
+
+  Raises `data_utils.MalformedDataError` for a record that is not six fields with
+  polarity 0, 2 or 4, and for a file that ends inside a quoted field (cut off).
+  """
   data_utils.require_file(path, 'Download trainingandtestdata.zip from '
                           'http://help.sentiment140.com/for-students and pass the path '
                           f'of {SENTIMENT140_FILE} as csv_path.')
-  fix = 'Download trainingandtestdata.zip again from http://help.sentiment140.com/for-students.'
+  fix = ('Download trainingandtestdata.zip again from '
+         'http://help.sentiment140.com/for-students.')
   users: dict[str, tuple[list, list]] = {}
   with open(path, encoding='latin-1', newline='') as f:
     for row_number, row in _csv_records(f, path, fix):

@@ -8,7 +8,7 @@ must agree to a relative error of 1e-5 in norm, and be finite. TensorFlow's CPU
 kernels flush float32 subnormals (below 2^-126 ≈ 1.18e-38) to zero, on input and on
 output: clients all at 1e-40 are read as zeros, and any result below 2^-126 becomes 0.
 So the comparison allows 2^-126 per coordinate on top (which only matters for the
-all-tiny case: there the result must be finite and ~0, never NaN from 0/0). The
+clients at 1e-40: there the result must be finite and ~0, never NaN from 0/0). The
 weights are example counts (10 to 200), so the plain weighted sum Σ α_i x_i of a client
 at 3e38 exceeds the float32 range although the mean does not: aggregators accumulate
 means in float64 (`tff_robust.iterative_mean.Float64MeanFactory`).

@@ -200,8 +200,6 @@ class KrumByNameTest(parameterized.TestCase):
       registry.check_num_clients(registry.aggregator_from_name(name), 1)
 
 
-
-
 class WrappersByNameTest(parameterized.TestCase):
 
   @parameterized.named_parameters(

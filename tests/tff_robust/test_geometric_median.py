@@ -25,7 +25,7 @@ def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='
   step v⁺ from v and the relative gradient ‖v⁺ − v‖·Σβ/Σα (appended to `criteria` if
   given); v⁺ is applied unless the estimate is frozen, and the estimate freezes once
   the criterion is at most a positive `tolerance`. Every pass's max_i β_i/Σβ is
-  appended to `max_weights` and every point its β is computed at to `centers`.
+  appended to `max_weights`, and every point at which β is computed to `centers`.
   """
   points = np.asarray(points, np.float64)
   alphas = np.asarray(alphas, np.float64)
@@ -117,9 +117,9 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
     # Five clients within ν of the median: its weights are α/ν and its objective the
     # quadratic branch α(d²/2ν + ν/2) there, beside two far outliers.
     rng = np.random.default_rng(passes)
-    centre = rng.normal(size=DIMENSION)
-    points = centre + 0.02 * rng.normal(size=(7, DIMENSION))
-    points[:2] = centre + 2.0 * rng.normal(size=(2, DIMENSION))
+    center = rng.normal(size=DIMENSION)
+    points = center + 0.02 * rng.normal(size=(7, DIMENSION))
+    points[:2] = center + 2.0 * rng.normal(size=(2, DIMENSION))
     weights = np.array([1, 1, 3, 2, 5, 4, 2]) if weighted else np.ones(7)
     centers = self._assert_matches(points, weights, passes, 0.5, start)
     distances = np.linalg.norm(points[:, np.newaxis] - np.array(centers), axis=2)

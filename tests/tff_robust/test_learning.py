@@ -76,15 +76,14 @@ class RobustProcessTest(parameterized.TestCase):
   def test_options_are_passed_through(self):
     # Clients of 4, 8 and 24 examples (uniform and by-example weights differ) and two
     # rounds (server momentum shows in the second): the drop-in equals TFF's builder
-    # with the same options and the non-finite-filtered geometric median, and a
-    # dropped option would change the model.
+    # with the same options and the non-finite-filtered geometric median, and dropping
+    # the weighting, the server optimizer, the passes or the start changes the model.
     datasets = client_datasets(3, sizes=(4, 8, 24))
-    uniform = tff.learning.ClientWeighting.UNIFORM
     options = dict(
         client_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=0.5),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=1.0,
                                                                momentum=0.9),
-        client_weighting=uniform)
+        client_weighting=tff.learning.ClientWeighting.UNIFORM)
 
     def after_two_rounds(process):
       state = process.initialize()
@@ -102,7 +101,8 @@ class RobustProcessTest(parameterized.TestCase):
     actual = robust()
     np.testing.assert_allclose(actual, reference, atol=1e-6)
     for dropped in (dict(client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES),
-                    dict(server_optimizer_fn=None), dict(num_communication_passes=2)):
+                    dict(server_optimizer_fn=None), dict(num_communication_passes=2),
+                    dict(initial_point='mean')):
       self.assertGreater(np.abs(robust(**dropped) - actual).max(), 1e-4, dropped)
 
   def test_keras_optimizer_function_gets_a_clear_error(self):

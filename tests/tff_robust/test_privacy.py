@@ -137,7 +137,7 @@ class CompiledComputationPrivacyTest(parameterized.TestCase):
     model_sized = [(uri, member)
                    for uri, member in client_to_server_intrinsics(process.next)
                    if not only_scalars(member)]
-    self.assertNotEmpty(model_sized)  # The values do reach the server, somehow.
+    self.assertNotEmpty(model_sized)  # Else the loop below checks nothing.
     for uri, member in model_sized:
       self.assertIn(uri, SECURE_SUMS, f'{uri} moves {member} to the server')
 

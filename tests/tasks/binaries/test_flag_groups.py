@@ -59,8 +59,10 @@ class ValidateOutputPathsTest(parameterized.TestCase):
       self._parse(**values)
 
   @parameterized.named_parameters(
-      ('directory_to_create_in', dict(out='{root}/run'), '--out=.*/run: .* is not writable'),
-      ('file_to_write_in', dict(page='{root}/page.md'), '--page=.* is not writable'),
+      ('directory_to_create_in', dict(out='{root}/run'),
+       '--out=.*/run: .* is not writable'),
+      ('new_file_in_a_denied_directory', dict(page='{root}/page.md'),
+       '--page=.* is not writable'),
       ('file_to_edit', dict(readme='{file}'), '--readme=.*a_file: is not writable'))
   def test_paths_without_write_permission_are_refused(self, values, message):
     # Permissions are stubbed: as root (CI may be) chmod would not deny anything.

@@ -430,7 +430,8 @@ class ErrorsTest(tf.test.TestCase):
       with self.subTest(raw=raw):
         with open(path, 'w', newline='') as f:
           f.write('"0","1","d","NO_QUERY","u","fine"\n"4","2","d","NO_QUERY","u",' + raw)
-        self.assertEqual(sent140.read_sentiment140_csv(path), {'u': (['fine', text], [0, 1])})
+        self.assertEqual(sent140.read_sentiment140_csv(path),
+                         {'u': (['fine', text], [0, 1])})
 
   def test_malformed_leaf_json(self):
     path = os.path.join(self.dir, 'bad.json')

@@ -1,6 +1,8 @@
 """A few rounds of RFA (FedAvg with the geometric median) on every bundled task, with
 the task's data attack on one of the 10 clients (10%), a client that trains."""
 
+from unittest import mock
+
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
@@ -56,8 +58,13 @@ class BundledRfaTest(parameterized.TestCase):
                                      max_elements=max_elements))
     poisoned = task.train_data.client_ids[0]
     raw = task.train_data.create_tf_dataset_for_client(poisoned)
-    self.assertFalse(_same_elements(task.data_attacks['data'](raw), raw))
-    results = _run_rfa(task, num_rounds, clients_per_round, poisoned_clients={poisoned})
+    attack = task.data_attacks['data']
+    self.assertFalse(_same_elements(attack(raw), raw))
+    attacked = []  # The datasets the training rounds poisoned.
+    with mock.patch.dict(task.data_attacks,
+                         data=lambda dataset: attack(attacked.append(dataset) or dataset)):
+      results = _run_rfa(task, num_rounds, clients_per_round, poisoned_clients={poisoned})
+    self.assertLen(attacked, num_rounds)
     self.assertLen(results, num_rounds)
     for metrics, test_metrics in results:
       self.assertTrue(_all_finite(metrics), metrics)

@@ -305,7 +305,8 @@ class AdaptiveUpdateAttacksTest(parameterized.TestCase):
     p = np_std_direction(honest, perturbation)
     gamma = (np_min_max_gamma if attack == 'min_max' else np_min_sum_gamma)(honest, p)
     # The search covers [0, 2 gamma_init): start it where the boundary is inside (up
-    # to γ = 8.6e3 for an honest outlier far along the unit vector).
+    # to γ = 8.6e3 for an honest outlier far along the unit vector, where the default
+    # gamma_init = 10 of the authors' code stops the attack below 20).
     gamma_init = max(10.0, 0.75 * gamma)
     row = self._rows(attack, case, perturbation=perturbation, gamma_init=gamma_init,
                      threshold=1e-9)
@@ -406,7 +407,8 @@ class AdaptiveUpdateAttacksTest(parameterized.TestCase):
     updates, weights, corrupted = MATRICES[case]
     row = self._rows('model_replacement', case)
     honest_mean = np.average(updates[~corrupted], axis=0, weights=weights[~corrupted])
-    # The round's weighted mean becomes the target −μ_α plus the honest clients' share.
+    # The round's weighted mean becomes the target −μ_α plus the honest clients'
+    # share.
     np.testing.assert_allclose(
         row, -weights.sum() / weights[corrupted].sum() * honest_mean, rtol=1e-12)
 
