@@ -2,8 +2,8 @@ r"""Passes the smoothed Weiszfeld GM needs per start point, on real client updat
 
 The updates are real EMNIST-linear model deltas: the bundled task
 (`tasks.builders.build_task('emnist', 'linear', source='bundled')`, 5,000 real MNIST
-digits dealt to clients with a label skew), 20 clients, each running `local_steps` minibatch
-SGD steps (batch 10, learning rate 0.1) of softmax regression from the same random
+digits dealt to clients with a label skew), 20 clients, each running `local_steps`
+minibatch SGD steps (batch 10, learning rate 0.1) of softmax regression from the same random
 global model (Keras' Glorot-uniform init); the update is initial − trained, as in TFF.
 Softmax regression is written in numpy (the model is one Dense layer: kernel [784, 10]
 and bias [10], 7,850 parameters), so generating a round takes well under a second.

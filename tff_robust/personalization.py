@@ -3,8 +3,9 @@
 Both methods keep *personal parameters* on each device next to the shared model w that
 the server trains. This module holds only what runs on one client, in plain TensorFlow,
 so it can be deployed as it is; the simulation harness
-(`tasks.simulation.client_work`) and any production loop call it per client and send only the shared update on to an aggregator
-(`tff_robust.GeometricMedianFactory` or any `tff.aggregators` factory).
+(`tasks.simulation.client_work`) and any production loop call it per client and send
+only the shared update on to an aggregator (`tff_robust.GeometricMedianFactory` or any
+`tff.aggregators` factory).
 
 **Personal parameters never leave the client.** Every method here returns the personal
 parameters separately from the shared update: the caller stores them on the device (in
