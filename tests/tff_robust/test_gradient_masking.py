@@ -38,6 +38,22 @@ class MatchesNumpyReferenceTest(parameterized.TestCase):
     self.assertAlmostEqual(
         output.measurements['mean_agreement'], np.mean(agreement), places=6)
 
+  @parameterized.product(fraction=(0.2, 0.3, 0.4), tau=(0.4, 0.75),
+                         weights=('equal', 'weighted'))
+  def test_sign_flipping_cluster_is_masked(self, fraction, tau, weights):
+    # The shared clustered input is all positive, so GMA's mask is 1 there. Here the
+    # attackers sit at the negated far point: agreement is 1 − 2·fraction in every
+    # coordinate (0.6, 0.4, 0.2), at, above or below τ, so the mask is active.
+    x = cases.clustered_attack_inputs(fraction=fraction)
+    x[:int(round(fraction * cases.NUM_CLIENTS))] *= -1
+    w = cases.WEIGHTS[weights]()
+    result, output = cases.run(gma_process(tau), x, w)
+    expected, agreement = np_gma(x, w, tau)
+    np.testing.assert_allclose(agreement, 1 - 2 * fraction)
+    self.assertLessEqual(cases.relative_error(result, expected), TOLERANCE)
+    self.assertAlmostEqual(
+        output.measurements['fraction_masked'], float(1 - 2 * fraction < tau), places=6)
+
   @parameterized.named_parameters(('equal', 'equal'), ('weighted', 'weighted'))
   def test_tau_zero_is_the_weighted_mean(self, weights):
     x, w = cases.random_inputs(21), cases.WEIGHTS[weights]()

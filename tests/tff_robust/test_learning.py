@@ -77,7 +77,8 @@ class RobustProcessTest(parameterized.TestCase):
     # Clients of 4, 8 and 24 examples (uniform and by-example weights differ) and two
     # rounds (server momentum shows in the second): the drop-in equals TFF's builder
     # with the same options and the non-finite-filtered geometric median, and dropping
-    # the weighting, the server optimizer, the passes or the start changes the model.
+    # the weighting, the server optimizer, the passes, the start or ν changes the model
+    # (ν = 100 exceeds every distance, so every pass is the plain mean).
     datasets = client_datasets(3, sizes=(4, 8, 24))
     options = dict(
         client_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=0.5),
@@ -102,7 +103,7 @@ class RobustProcessTest(parameterized.TestCase):
     np.testing.assert_allclose(actual, reference, atol=1e-6)
     for dropped in (dict(client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES),
                     dict(server_optimizer_fn=None), dict(num_communication_passes=2),
-                    dict(initial_point='mean')):
+                    dict(initial_point='mean'), dict(nu=100.0)):
       self.assertGreater(np.abs(robust(**dropped) - actual).max(), 1e-4, dropped)
 
   def test_keras_optimizer_function_gets_a_clear_error(self):
