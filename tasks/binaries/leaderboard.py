@@ -174,6 +174,7 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
   rows = leaderboard.worst_cases(summary)
   page = _page(leaderboard.markdown_table(rows), spec, len(recorded), trained, seconds,
                ledger_path)
+  os.makedirs(output_dir, exist_ok=True)  # Not made by a sweep that trained nothing.
   heatmap = os.path.join(output_dir, f'heatmap{suffix}.png')
   leaderboard.plot_heatmap(summary, rows, heatmap,
                            f'{FLAGS.task} {FLAGS.model}: final accuracy (%)')

@@ -77,6 +77,15 @@ def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):
     clean = next(line for line in _table(page).splitlines() if f' {label} ' in line)
     assert clean.split('|')[3] in wider, label  # The same clean accuracy.
 
+  # Every run in the ledger, on a machine that never ran one (a fresh clone): nothing
+  # trains, and the pages are written from the ledger alone.
+  fresh = _leaderboard(tmp_path / 'fresh', results, '', '--worker_momenta=0')
+  assert fresh.returncode == 0, fresh.stderr[-3000:]
+  assert fresh.stderr.count('in the ledger, skipped.') == 6
+  page = (results / 'leaderboard_emnist_linear.md').read_text()
+  assert '6 of its 6 runs are finished, 0 of them by this invocation' in page
+  assert _table(page) == _table(wider)
+
   # A damaged ledger stops the binary before training, naming the file and the fix.
   ledger_path.write_text('junk\n')
   broken = _leaderboard(tmp_path / 'third', results, '', '--worker_momenta=0')
