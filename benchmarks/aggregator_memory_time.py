@@ -50,6 +50,7 @@ import tensorflow_federated as tff
 
 from tasks import registry
 from tasks.binaries import exit_status
+from tasks.binaries import flag_groups
 from tasks.simulation import gathered
 from tff_robust import runtime
 
@@ -71,6 +72,8 @@ _PATHS = flags.DEFINE_list(
     'simulation loop does); with --one, the first.')
 
 GENERATE_ONLY = 'generate_only'
+flag_groups.validate_aggregator_names('aggregators')
+flag_groups.validate_aggregator_names('one', also=(GENERATE_ONLY,))
 _KIB = 1024
 
 
@@ -194,8 +197,11 @@ def run_in_subprocess(name, path):
       f'--parameters={_PARAMETERS.value}', f'--calls={_CALLS.value}',
       f'--byzantine_fraction={_BYZANTINE_FRACTION.value}'
   ]
-  output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-  return json.loads(output.strip().splitlines()[-1])
+  done = subprocess.run(command, capture_output=True, text=True, check=False)
+  if done.returncode != 0:  # Say why (e.g. killed for memory: -9), not only that.
+    raise RuntimeError(f'{name} on the {path} path failed with exit status '
+                       f'{done.returncode}: ...{done.stderr[-2000:]}')
+  return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _gib(num_bytes):

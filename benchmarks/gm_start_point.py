@@ -190,8 +190,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Rounds (client draws) to measure.')
   _STEPS = flags.DEFINE_integer('local_steps', 5, 'Local SGD steps per client.')
-  app.run(main)
+  from tasks.binaries import exit_status  # pylint: disable=g-import-not-at-top
+  exit_status.run(main)  # Stops the TFF worker that `main`'s task building starts.

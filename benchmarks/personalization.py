@@ -28,7 +28,6 @@ import json
 import os
 import time
 
-from absl import app
 from absl import flags
 import tensorflow as tf
 
@@ -38,6 +37,7 @@ from tasks import registry
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.builders import builder_utils
+from tasks.simulation import attacks
 from tasks.simulation import client_work
 from tasks.simulation import loop
 
@@ -64,6 +64,28 @@ _VALIDATION_FRACTION = flags.DEFINE_float(
 _METHODS = flags.DEFINE_list('methods', ['ditto', 'personalized_rfa'],
                              'Personalization methods to run.')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'results', 'Where the outputs go.')
+# Checked at parse time: every run's results are written only after the last run.
+flag_groups.validate_output_paths(directories=['output_dir'])
+flag_groups.validate_rhos_and_seeds()
+_KNOWN_ATTACKS = [name for name in attacks.known_attacks(
+    builders.known_tasks()['emnist']['data_attacks']) if name != attacks.NO_ATTACK]
+flags.register_validator('attack', lambda name: name in _KNOWN_ATTACKS,
+                         message=f'--attack must be one of {", ".join(_KNOWN_ATTACKS)}.')
+flags.register_validator('lambdas', lambda values: bool(values) and all(
+    _is_non_negative_number(v) for v in values),
+                         message="--lambdas must be numbers ≥ 0 (Ditto's λ).")
+flags.register_validator('methods', lambda values: bool(values) and all(
+    m in report.METHOD_LABELS for m in values),
+                         message=f'--methods must name some of: '
+                         f'{", ".join(report.METHOD_LABELS)}.')
+
+
+def _is_non_negative_number(text: str) -> bool:
+  try:
+    return 0.0 <= float(text) < float('inf')
+  except ValueError:
+    return False
+
 
 def build_task(seed: int) -> builders.Task:
   return builders.build_task(
@@ -111,10 +133,6 @@ def main(argv):
   seeds = [int(s) for s in _SEEDS.value]
   rhos = [float(r) for r in _RHOS.value]
   lambdas = [float(lam) for lam in _LAMBDAS.value]
-  for method in _METHODS.value:
-    if method not in report.METHOD_LABELS:
-      raise app.UsageError(f'--methods: unknown {method!r}; known: '
-                           f'{", ".join(report.METHOD_LABELS)}.')
   start = time.monotonic()
   tasks = {seed: build_task(seed) for seed in seeds}
   sweep = choose_lambda(tasks[seeds[0]], lambdas, seeds[0])

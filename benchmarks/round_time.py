@@ -21,6 +21,7 @@ import tensorflow_federated as tff
 from tasks import builders
 from tasks import registry
 from tasks.binaries import exit_status
+from tasks.binaries import flag_groups
 import tff_robust
 
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 50, 'Clients per round.')
@@ -38,6 +39,7 @@ _AGGREGATORS = flags.DEFINE_list(
     'any name known to tasks.registry.aggregator_from_name.')
 
 
+flag_groups.validate_aggregator_names('aggregators', also=('rfa', 'one_step_rfa'))
 _BYZANTINE_FRACTION = flags.DEFINE_float(
     'byzantine_fraction', 0.25, 'Krum and multi-Krum: the assumed corrupted fraction.')
 

@@ -388,6 +388,33 @@ def repository_readme() -> str:
   return path if os.path.isfile(path) else ''
 
 
+def validate_aggregator_names(names_flag: str, also: Sequence[str] = ()) -> None:
+  """Checks at parse time that --`names_flag` (one name, a list, or None) names
+  registry aggregators, optionally wrapped (`tasks.registry.split_name`), or one of
+  `also`; for binaries that build aggregators without --aggregator_args."""
+
+  def check(value):
+    names = [value] if isinstance(value, str) else value or []
+    for name in names:
+      if name not in also:
+        try:
+          registry.split_name(name)
+        except ValueError as e:
+          raise flags.ValidationError(f'--{names_flag}: {e}') from e
+    return True
+
+  flags.register_validator(names_flag, check)
+
+
+def validate_rhos_and_seeds() -> None:
+  """Checks at parse time that --rhos are numbers in [0, 0.5) and --seeds integers
+  ≥ 0 (both lists)."""
+  flags.register_validator('rhos', _valid_rhos,
+                           message='--rhos must be numbers in [0, 0.5).')
+  flags.register_validator('seeds', lambda v: bool(v) and all(
+      s.isdecimal() for s in v), message='--seeds must be integers ≥ 0.')
+
+
 def validate_output_paths(directories: Sequence[str] = (), files: Sequence[str] = (),
                           existing_files: Sequence[str] = (),
                           flag_values: flags.FlagValues = FLAGS) -> None:
@@ -456,10 +483,7 @@ def define_sweep_flags(**defaults) -> None:
   flags.register_validator(
       'attacks', lambda v: bool(v) and attacks.NO_ATTACK not in v,
       message='--attacks must be non-empty and not "none" (ρ = 0 is the clean run).')
-  flags.register_validator('rhos', _valid_rhos,
-                           message='--rhos must be numbers in [0, 0.5).')
-  flags.register_validator('seeds', lambda v: bool(v) and all(
-      s.isdecimal() for s in v), message='--seeds must be integers ≥ 0.')
+  validate_rhos_and_seeds()
 
 
 def _valid_rhos(values) -> bool:
