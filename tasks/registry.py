@@ -136,7 +136,9 @@ def split_name(name: str) -> tuple[list[str], str]:
   *wrappers, base = name.split(SEPARATOR)
   if base not in AGGREGATORS:
     raise ValueError(f'Unknown aggregator {base!r}; known aggregators: '
-                     f'{", ".join(known_aggregators())}.')
+                     f'{", ".join(known_aggregators())}, each optionally behind '
+                     f'wrappers as wrapper{SEPARATOR}name (wrappers: '
+                     f'{", ".join(known_wrappers())}).')
   unknown = [w for w in wrappers if w not in WRAPPERS]
   if unknown:
     raise ValueError(f'Unknown wrapper(s) {unknown} in {name!r}; known wrappers: '

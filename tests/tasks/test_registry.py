@@ -146,7 +146,8 @@ class WrappedNamesTest(parameterized.TestCase):
   def test_unknown_parts_are_named(self):
     with self.assertRaisesRegex(ValueError, r"wrapper\(s\) \['shuffle'\].*bucketing"):
       registry.aggregator_from_name('shuffle+median')
-    with self.assertRaisesRegex(ValueError, "Unknown aggregator 'medain'"):
+    with self.assertRaisesRegex(
+        ValueError, r"Unknown aggregator 'medain'.*gm.*wrapper\+name.*bucketing, nnm"):
       registry.aggregator_from_name('bucketing+medain')
 
 
