@@ -200,7 +200,8 @@ def run_in_subprocess(name, path):
   done = subprocess.run(command, capture_output=True, text=True, check=False)
   if done.returncode != 0:  # Say why (e.g. killed for memory: -9), not only that.
     raise RuntimeError(f'{name} on the {path} path failed with exit status '
-                       f'{done.returncode}: ...{done.stderr[-2000:]}')
+                       f'{done.returncode}; the end of its stderr:\n'
+                       f'{done.stderr[-2000:]}')
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 

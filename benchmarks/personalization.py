@@ -64,6 +64,15 @@ _VALIDATION_FRACTION = flags.DEFINE_float(
 _METHODS = flags.DEFINE_list('methods', ['ditto', 'personalized_rfa'],
                              'Personalization methods to run.')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'results', 'Where the outputs go.')
+
+
+def _is_non_negative_number(text: str) -> bool:
+  try:
+    return 0.0 <= float(text) < float('inf')
+  except ValueError:
+    return False
+
+
 # Checked at parse time: every run's results are written only after the last run.
 flag_groups.validate_output_paths(directories=['output_dir'])
 flag_groups.validate_rhos_and_seeds()
@@ -78,13 +87,6 @@ flags.register_validator('methods', lambda values: bool(values) and all(
     m in report.METHOD_LABELS for m in values),
                          message=f'--methods must name some of: '
                          f'{", ".join(report.METHOD_LABELS)}.')
-
-
-def _is_non_negative_number(text: str) -> bool:
-  try:
-    return 0.0 <= float(text) < float('inf')
-  except ValueError:
-    return False
 
 
 def build_task(seed: int) -> builders.Task:

@@ -37,8 +37,6 @@ _MAX_ELEMENTS = flags.DEFINE_integer(
 _AGGREGATORS = flags.DEFINE_list(
     'aggregators', ['rfa'], 'Processes timed against FedAvg: rfa, one_step_rfa, or '
     'any name known to tasks.registry.aggregator_from_name.')
-
-
 flag_groups.validate_aggregator_names('aggregators', also=('rfa', 'one_step_rfa'))
 _BYZANTINE_FRACTION = flags.DEFINE_float(
     'byzantine_fraction', 0.25, 'Krum and multi-Krum: the assumed corrupted fraction.')
