@@ -78,15 +78,16 @@ flag_groups.validate_output_paths(directories=['output_dir'])
 flag_groups.validate_rhos_and_seeds()
 _KNOWN_ATTACKS = [name for name in attacks.known_attacks(
     builders.known_tasks()['emnist']['data_attacks']) if name != attacks.NO_ATTACK]
-flags.register_validator('attack', lambda name: name in _KNOWN_ATTACKS,
-                         message=f'--attack must be one of {", ".join(_KNOWN_ATTACKS)}.')
-flags.register_validator('lambdas', lambda values: bool(values) and all(
-    _is_non_negative_number(v) for v in values),
-                         message="--lambdas must be numbers ≥ 0 (Ditto's λ).")
-flags.register_validator('methods', lambda values: bool(values) and all(
-    m in report.METHOD_LABELS for m in values),
-                         message=f'--methods must name some of: '
-                         f'{", ".join(report.METHOD_LABELS)}.')
+flags.register_validator(
+    'attack', lambda name: name in _KNOWN_ATTACKS,
+    message=f'--attack must be one of {", ".join(_KNOWN_ATTACKS)} (ρ = 0 in --rhos '
+    'is the clean run).')
+flags.register_validator(
+    'lambdas', lambda values: bool(values) and all(map(_is_non_negative_number, values)),
+    message="--lambdas must be numbers ≥ 0 (Ditto's λ).")
+flags.register_validator(
+    'methods', lambda values: bool(values) and set(values) <= set(report.METHOD_LABELS),
+    message=f'--methods must name some of: {", ".join(report.METHOD_LABELS)}.')
 
 
 def build_task(seed: int) -> builders.Task:

@@ -53,7 +53,7 @@ class BadFlagsTest(parameterized.TestCase):
       ('memory_one', 'benchmarks.aggregator_memory_time', '--one=mediann',
        "--one: Unknown aggregator 'mediann'"),
       ('memory_wrapper', 'benchmarks.aggregator_memory_time',
-       '--aggregators=buckets+median', "Unknown wrapper(s) ['buckets']"),
+       '--aggregators=buckets+median', "--aggregators: Unknown wrapper(s) ['buckets']"),
       ('round_time', 'benchmarks.round_time', '--aggregators=rfa,mediann',
        "--aggregators: Unknown aggregator 'mediann'"),
   )

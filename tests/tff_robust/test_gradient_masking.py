@@ -43,7 +43,7 @@ class MatchesNumpyReferenceTest(parameterized.TestCase):
   def test_sign_flipping_cluster_is_masked(self, fraction, tau, weights):
     # The shared clustered input is all positive, so GMA's mask is 1 there. Here the
     # attackers sit at the negated far point: agreement is 1 − 2·fraction in every
-    # coordinate (0.6, 0.4, 0.2), at, above or below τ, so the mask is active.
+    # coordinate (0.6, 0.4, 0.2), masked exactly where it is below τ (0.4 = τ is not).
     x = cases.clustered_attack_inputs(fraction=fraction)
     x[:int(round(fraction * cases.NUM_CLIENTS))] *= -1
     w = cases.WEIGHTS[weights]()
