@@ -66,13 +66,6 @@ _METHODS = flags.DEFINE_list('methods', ['ditto', 'personalized_rfa'],
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'results', 'Where the outputs go.')
 
 
-def _is_non_negative_number(text: str) -> bool:
-  try:
-    return 0.0 <= float(text) < float('inf')
-  except ValueError:
-    return False
-
-
 # Checked at parse time: every run's results are written only after the last run.
 flag_groups.validate_output_paths(directories=['output_dir'])
 flag_groups.validate_rhos_and_seeds()
@@ -83,7 +76,7 @@ flags.register_validator(
     message=f'--attack must be one of {", ".join(_KNOWN_ATTACKS)} (ρ = 0 in --rhos '
     'is the clean run).')
 flags.register_validator(
-    'lambdas', lambda values: bool(values) and all(map(_is_non_negative_number, values)),
+    'lambdas', lambda values: flag_groups.numbers_in(values, 0.0, float('inf')),
     message="--lambdas must be numbers ≥ 0 (Ditto's λ).")
 flags.register_validator(
     'methods', lambda values: bool(values) and set(values) <= set(report.METHOD_LABELS),

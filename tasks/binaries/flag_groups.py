@@ -486,18 +486,20 @@ def define_sweep_flags(**defaults) -> None:
   validate_rhos_and_seeds()
 
 
-def _valid_rhos(values) -> bool:
+def numbers_in(values: Sequence[str], low: float, high: float) -> bool:
+  """Whether a list flag's `values` are a non-empty list of numbers in [low, high)."""
   try:
-    return bool(values) and all(0.0 <= float(v) < 0.5 for v in values)
+    return bool(values) and all(low <= float(v) < high for v in values)
   except ValueError:
     return False
+
+
+def _valid_rhos(values) -> bool:
+  return numbers_in(values, 0.0, 0.5)
 
 
 def _valid_momenta(values) -> bool:
-  try:
-    return bool(values) and all(0.0 <= float(v) < 1.0 for v in values)
-  except ValueError:
-    return False
+  return numbers_in(values, 0.0, 1.0)
 
 
 def start_sweep_binary(argv: Sequence[str]) -> tuple[builders.Task, sweep.SweepSpec]:
