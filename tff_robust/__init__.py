@@ -22,9 +22,9 @@ drives RFA, the γ-mean and secure centered clipping there one secure average pe
 computation.
 """
 
-from tff_robust import distributed
+import importlib
+
 from tff_robust import original_rfa
-from tff_robust import passwise
 from tff_robust import runtime
 from tff_robust.centered_clipping import SecureCenteredClippingFactory
 from tff_robust.gamma_mean import GammaMeanFactory
@@ -38,3 +38,13 @@ from tff_robust.learning import build_robust_federated_aggregation_process
 from tff_robust.personalization import PersonalizationClient
 from tff_robust.privacy import DifferentiallyPrivateWeightedMeanFactory
 from tff_robust.unit_weights import unweighted
+
+# Loaded on first use rather than here: `python -m tff_robust.distributed` (a worker)
+# must not find its own module already imported by the package.
+_LAZY_MODULES = ('distributed', 'passwise')
+
+
+def __getattr__(name):
+  if name in _LAZY_MODULES:
+    return importlib.import_module(f'{__name__}.{name}')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

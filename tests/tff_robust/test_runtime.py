@@ -49,6 +49,23 @@ def test_default_sigterm_handler_stays_default_after_import():
   assert result.stdout.split()[-1] == 'True', result.stderr
 
 
+def test_the_worker_module_is_not_imported_before_it_runs_as_main():
+  # `python -m tff_robust.distributed` imports the package first; were the package to
+  # import the module too, runpy would warn that it runs a module already loaded.
+  result = subprocess.run([sys.executable, '-m', 'tff_robust.distributed', '--help'],
+                          capture_output=True, text=True, timeout=120,
+                          env=processes.quiet_env())
+  assert '--helpfull' in result.stdout  # The worker_binary's own help: it ran.
+  assert 'RuntimeWarning' not in result.stderr, result.stderr
+
+
+def test_lazily_loaded_modules_are_package_attributes():
+  result = _python('import tff_robust\n'
+                   'print(tff_robust.distributed.LocalWorkers.__module__,\n'
+                   '      tff_robust.passwise.PasswiseFactory.__module__)', check=True)
+  assert result.stdout.split()[-2:] == ['tff_robust.distributed', 'tff_robust.passwise']
+
+
 def test_workers_stop_when_the_block_ends():
   # Through a pipe, as in `python x.py | tail`: an orphaned worker would hold it open
   # and run() would only return at the timeout.
