@@ -30,11 +30,18 @@ what holding one round of updates costs).
   .venv/bin/python -m benchmarks.aggregator_memory_time --clients=50 \
       --parameters=6400000 --aggregators=median,multi_krum
 
+Every aggregator (the default `--aggregators`: the registry's and the leaderboard's
+wrapped ones) in one run, the table also written as markdown:
+
+  .venv/bin/python -m benchmarks.aggregator_memory_time --calls=1 \
+      --output=results/aggregator_memory_time.md
+
 One aggregator, as JSON (what the parent runs, and tests/baselines/test_gather_memory.py):
 
   .venv/bin/python -m benchmarks.aggregator_memory_time --one=median --parameters=1000000
 """
 
+import datetime
 import json
 import os
 import statistics
@@ -52,14 +59,24 @@ from tasks import registry
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import gathered
+from tasks.simulation import leaderboard
 from tff_robust import runtime
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients per aggregation.')
 _PARAMETERS = flags.DEFINE_integer('parameters', 6_400_000, 'float32 per update.')
-_CALLS = flags.DEFINE_integer('calls', 2, 'Timed calls per aggregator.')
+_CALLS = flags.DEFINE_integer(
+    'calls', 2, 'Timed calls per aggregator (0, with --one only: the peak of one call).',
+    lower_bound=0)
+# Every registry aggregator, then the leaderboard's wrapped ones (their cost is the
+# wrapper's plus the inner aggregator's on a smaller matrix).
+DEFAULT_AGGREGATORS = list(registry.known_aggregators()) + [
+    name for name in leaderboard.DEFAULT_AGGREGATORS if '+' in name]
 _AGGREGATORS = flags.DEFINE_list(
-    'aggregators', list(registry.known_aggregators()),
-    'Registry names measured against the mean (default: all).')
+    'aggregators', DEFAULT_AGGREGATORS, 'Registry names (wrapper+name too) measured '
+    'against the mean (default: every aggregator and the leaderboard\'s wrapped ones).')
+_OUTPUT = flags.DEFINE_string(
+    'output', None, 'Also write the table as markdown here (e.g. '
+    'results/aggregator_memory_time.md), rewritten after every row.')
 _BYZANTINE_FRACTION = flags.DEFINE_float(
     'byzantine_fraction', 0.25, 'Krum and multi-Krum: the assumed corrupted fraction.')
 _ONE = flags.DEFINE_string(
@@ -74,6 +91,10 @@ _PATHS = flags.DEFINE_list(
 GENERATE_ONLY = 'generate_only'
 flag_groups.validate_aggregator_names('aggregators')
 flag_groups.validate_aggregator_names('one', also=(GENERATE_ONLY,))
+flags.register_multi_flags_validator(
+    ['calls', 'one'], lambda values: values['calls'] > 0 or values['one'] is not None,
+    message='--calls=0 times nothing, and the table divides by the mean\'s time: pass '
+    '--calls=1 or more (0 is for --one, a peak without timing).')
 _KIB = 1024
 
 
@@ -231,22 +252,58 @@ def main(argv):
     print(json.dumps(result))
     return
   names = ['mean'] + [n for n in _AGGREGATORS.value if n != 'mean']
-  print(f'{_CLIENTS.value} clients x {_PARAMETERS.value:,} float32 '
-        f'({_gib(4 * _CLIENTS.value * _PARAMETERS.value):.2f} GiB of updates), '
-        f'median of {_CALLS.value} calls, each aggregator in its own process; peak: '
-        'the worker\'s (worker path), Python + worker (simulation path):')
+  print(f'{_heading()}; peak: the worker\'s (worker path), Python + worker '
+        '(simulation path):')
   print(f'  {"aggregator":<28s} {"path":<10s} {"s/call":>8s} {"time/mean":>9s} '
         f'{"peak":>9s} {"peak/mean":>9s} {"python peak":>11s}')
   results = {}
   for name in [GENERATE_ONLY] + names:
     for path in paths:
       result = results[name, path] = run_in_subprocess(name, path)
-      mean = results.get(('mean', path), result)
-      print(f'  {name:<28s} {path:<10s} {result["seconds"]:8.2f} '
-            f'{result["seconds"] / mean["seconds"]:9.2f} '
-            f'{_gib(_peak(result)):7.2f} G '
-            f'{_peak(result) / _peak(mean):9.2f} '
-            f'{_gib(result["python_peak_bytes"]):9.2f} G', flush=True)
+      row = _row(result, results.get(('mean', path)))
+      print(f'  {row[0]:<28s} {row[1]:<10s} {row[2]:>8s} {row[3]:>9s} {row[4]:>9s} '
+            f'{row[5]:>9s} {row[6]:>11s}', flush=True)
+      if _OUTPUT.value:
+        _write_markdown(_OUTPUT.value, results)
+
+
+def _heading():
+  return (f'{_CLIENTS.value} clients x {_PARAMETERS.value:,} float32 '
+          f'({_gib(4 * _CLIENTS.value * _PARAMETERS.value):.2f} GiB of updates), '
+          f'median of {_CALLS.value} timed call(s) after one untimed, each aggregator '
+          'in its own process')
+
+
+def _row(result, mean):
+  """The table's cells of `result`, with its ratios to `mean` (on the same path;
+  none for the update generation, measured before the mean)."""
+  ratios = ((f'{result["seconds"] / mean["seconds"]:.2f}',
+             f'{_peak(result) / _peak(mean):.2f}') if mean else ('', ''))
+  return (result['name'], result['path'], f'{result["seconds"]:.2f}', ratios[0],
+          f'{_gib(_peak(result)):.2f} G', ratios[1],
+          f'{_gib(result["python_peak_bytes"]):.2f} G')
+
+
+def _write_markdown(file_path, results):
+  """The table so far (a run that stops keeps its finished rows)."""
+  command = ' '.join(['python -m benchmarks.aggregator_memory_time',
+                      *sys.argv[1:]])
+  lines = [
+      f'<!-- Written by `{command}` on '
+      f'{datetime.date.today().isoformat()}; rerun it to update. -->', '',
+      f'{_heading()}. Peak = VmHWM of the TFF worker_binary (worker path) or of '
+      'Python + worker (simulation path); ratios to the mean on the same path, in '
+      'this run. GB = GiB.', '',
+      '| aggregator | path | s/call | time / mean | peak | peak / mean | Python peak |',
+      '|---|---|---:|---:|---:|---:|---:|']
+  for (name, path), result in results.items():
+    cells = _row(result, results.get(('mean', path)))
+    lines.append(f'| `{cells[0]}` | ' + ' | '.join(cells[1:]) + ' |')
+  directory = os.path.dirname(file_path)
+  if directory:
+    os.makedirs(directory, exist_ok=True)
+  with open(file_path, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(lines) + '\n')
 
 
 if __name__ == '__main__':

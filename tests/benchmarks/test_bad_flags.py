@@ -63,6 +63,12 @@ class BadFlagsTest(parameterized.TestCase):
     self.assertIn(message, result.stderr)
     self.assertNotIn('Traceback', result.stderr)
 
+  def test_memory_table_needs_timed_calls(self):
+    result = self._run('benchmarks.aggregator_memory_time', '--calls=0')
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertIn('--calls=0 times nothing', result.stderr)
+    self.assertNotIn('generate_only', result.stdout)  # Nothing measured.
+
   @parameterized.named_parameters(
       ('memory_generate_only', 'benchmarks.aggregator_memory_time',
        ['--one=generate_only', '--clients=2', '--parameters=10']),

@@ -1,0 +1,68 @@
+"""benchmarks.aggregator_memory_time's table: every measured row, with its ratios to
+the mean measured on the same path in the same run, printed and written as markdown."""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+
+from benchmarks import aggregator_memory_time
+from tests.helpers import processes
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _table_rows(markdown):
+  """{(aggregator, path): [cells]} of the markdown table."""
+  rows = {}
+  for line in markdown.splitlines():
+    if line.startswith('| `'):
+      cells = [cell.strip() for cell in line.strip('|').split('|')]
+      rows[cells[0].strip('`'), cells[1]] = cells[2:]
+  return rows
+
+
+class AggregatorMemoryTimeTableTest(absltest.TestCase):
+
+  def test_markdown_holds_every_row_with_ratios_to_the_same_paths_mean(self):
+    with tempfile.TemporaryDirectory() as directory:
+      output = os.path.join(directory, 'new', 'table.md')
+      result = subprocess.run(
+          [sys.executable, '-m', 'benchmarks.aggregator_memory_time', '--clients=6',
+           '--parameters=100', '--calls=1', '--aggregators=median',
+           '--paths=worker,simulation', f'--output={output}'],
+          cwd=_REPO, capture_output=True, text=True, timeout=600,
+          env=processes.quiet_env())
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+      with open(output, encoding='utf-8') as f:
+        markdown = f.read()
+
+    self.assertIn('--aggregators=median', markdown.splitlines()[0])
+    rows = _table_rows(markdown)
+    names = ['generate_only', 'mean', 'median']
+    self.assertEqual(list(rows), [(name, path) for name in names
+                                  for path in ('worker', 'simulation')])
+    for path in ('worker', 'simulation'):
+      time_ratio, peak_ratio = rows['mean', path][1], rows['mean', path][3]
+      self.assertEqual((time_ratio, peak_ratio), ('1.00', '1.00'))
+    for (name, path), cells in rows.items():
+      self.assertIn(f'{name:<28s} {path:<10s} {cells[0]:>8s}', result.stdout)
+
+  def test_ratios_are_to_the_mean_and_the_simulation_peak_is_python_plus_worker(self):
+    gib = 2**30
+    mean = dict(name='mean', path='simulation', seconds=4.0,
+                python_peak_bytes=2 * gib, worker_peak_bytes=6 * gib)
+    median = dict(name='median', path='simulation', seconds=13.0,
+                  python_peak_bytes=int(1.5 * gib), worker_peak_bytes=gib // 2)
+    row = aggregator_memory_time._row
+    self.assertEqual(row(median, mean), ('median', 'simulation', '13.00', '3.25',
+                                         '2.00 G', '0.25', '1.50 G'))
+    on_worker = row(dict(median, path='worker'), dict(mean, path='worker'))
+    self.assertEqual(on_worker[4:6], ('0.50 G', '0.08'))  # The worker's peak alone.
+    self.assertEqual(row(median, None)[3:6], ('', '2.00 G', ''))
+
+
+if __name__ == '__main__':
+  absltest.main()
