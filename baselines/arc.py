@@ -37,6 +37,7 @@ import tensorflow_federated as tff
 from baselines import gather
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 THRESHOLD = 'clipping_threshold'
 NUM_CLIPPED = 'num_clipped'
@@ -118,7 +119,7 @@ def collect_norms(norm, weight):
                                  merge, report)
 
 
-class AdaptiveRobustClippingFactory(tff.aggregators.WeightedAggregationFactory):
+class AdaptiveRobustClippingFactory(unit_weights.WeightedOrUnweightedFactory):
   """ARC: every client update clipped to the (k+1)-th largest update norm,
   k = ⌊2f(n − f)/n⌋, then any aggregator.
 
@@ -169,25 +170,25 @@ class AdaptiveRobustClippingFactory(tff.aggregators.WeightedAggregationFactory):
     self._num_byzantine, self._fraction = gather.check_assumed_byzantine(
         'arc', num_byzantine, byzantine_fraction)
 
+  inner = property(lambda self: self._inner, doc='The aggregator of the clipped updates.')
+
+  def check_num_clients(self, num_clients: int) -> None:
+    """Raises a ValueError if a round of `num_clients` clients breaks n > f."""
+    gather.check_more_clients_than_assumed_byzantine(
+        'AdaptiveRobustClippingFactory', num_clients, self._num_byzantine)
+
   def _server_threshold(self, norms, kept):
     """(threshold, number of clients above it) from the collected norms."""
     norms = tf.boolean_mask(norms, kept)
     n = tf.shape(norms)[0]
-    if self._num_byzantine is not None:
-      f = tf.constant(self._num_byzantine, tf.int32)
-      check = tf.debugging.Assert(
-          tf.logical_or(tf.equal(n, 0), n > f),
-          ['AdaptiveRobustClippingFactory: needs more clients of weight > 0 than '
-           'num_byzantine (n > f); lower num_byzantine or sample more clients. '
-           '[n, f] =', n, f])
-    else:
-      f = tf.cast(tf.floor(self._fraction * tf.cast(n, tf.float64)), tf.int32)
-      check = tf.no_op()
+    f = gather.assumed_byzantine(self._num_byzantine, self._fraction, n)
+    check = gather.assert_more_clients_than_assumed_byzantine(
+        'AdaptiveRobustClippingFactory', n, f)
     with tf.control_dependencies([check]):
       threshold = clipping_threshold(norms, f)
     return threshold, tf.reduce_sum(tf.cast(norms > threshold, tf.int32))
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     inner = self._inner.create(value_type, weight_type)
 

@@ -73,7 +73,8 @@ def pack(value_type, tensors):
 
 
 # Rows the gathering accumulator holds without copying them (see `gathering_steps`);
-# later clients still arrive, through a matrix that grows by one copy per client.
+# later clients still arrive, through a matrix that grows by one copy per client
+# (rounds of more clients than this are quadratic in the excess).
 LINEAR_CAPACITY = 128
 
 
@@ -120,7 +121,8 @@ def gather_at_server(value_type, weight_type, value, weight,
   fixed client order) and `weights` (`[n]` float32) of the clients of weight > 0:
   a client of weight 0 has nothing to say (no examples, or dropped by
   `tff_robust.NonfiniteFilteringFactory` for a non-finite update) and is left out.
-  Memory and time are O(n·p) for up to `capacity` clients (`gathering_steps`).
+  Memory and time are O(n·p) for up to `capacity` clients, quadratic in the clients
+  beyond (`gathering_steps`).
   """
   to_row, zero, accumulate, merge, report = gathering_steps(
       value_type, weight_type, capacity)
@@ -140,7 +142,9 @@ def gathering_steps(value_type, weight_type, capacity: Optional[int] = None):
   passes tensors through, so TensorFlow shares their buffers rather than copying them,
   and every row is stored once; the report stacks the rows once. A row pushed out of
   the queue (beyond `capacity` clients) moves to a matrix that grows by concatenation,
-  O(p) per row held. `merge` (not called by TFF's local runtime) stacks both sides.
+  one copy of it per further client: memory is quadratic again in the m = n −
+  `capacity` overflow rows, O(n·p + m²·p). `merge` (not called by TFF's local runtime;
+  a composing runtime calls it once per worker) stacks both sides, one copy of each.
   """
   capacity = iterative_mean.check_positive_int(
       'capacity', LINEAR_CAPACITY if capacity is None else capacity)
@@ -345,6 +349,36 @@ def check_assumed_byzantine(wrapper: str, num_byzantine, byzantine_fraction):
   return (optional_int('num_byzantine', num_byzantine),
           None if byzantine_fraction is None else check_fraction(
               'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
+
+
+def check_more_clients_than_assumed_byzantine(factory: str, num_clients: int,
+                                               num_byzantine: Optional[int]) -> None:
+  """Raises a ValueError if a round of `num_clients` clients (of weight > 0) breaks
+  n > f, the condition of NNM and ARC; with f = ⌊ρ·n⌋, ρ < 0.5, it always holds."""
+  if num_byzantine is not None and 0 < num_clients <= num_byzantine:
+    raise ValueError(
+        f'{factory}: needs more clients of weight > 0 than num_byzantine (n > f), got '
+        f'n = {num_clients} with f = {num_byzantine}; lower num_byzantine (or give '
+        'byzantine_fraction) or sample more clients.')
+
+
+def assumed_byzantine(num_byzantine: Optional[int], fraction: Optional[float],
+                      n: tf.Tensor) -> tf.Tensor:
+  """f (int32) in a round of `n` clients: `num_byzantine`, or ⌊ρ·n⌋ for ρ =
+  `fraction` (as `check_assumed_byzantine` returned them)."""
+  if num_byzantine is not None:
+    return tf.constant(num_byzantine, tf.int32)
+  return tf.cast(tf.floor(fraction * tf.cast(n, tf.float64)), tf.int32)
+
+
+def assert_more_clients_than_assumed_byzantine(factory: str, n: tf.Tensor,
+                                               f: tf.Tensor) -> tf.Operation:
+  """The in-graph form of `check_more_clients_than_assumed_byzantine` (n > f, or no
+  client at all), for a runtime that did not call that check first."""
+  return tf.debugging.Assert(
+      tf.logical_or(tf.equal(n, 0), n > f),
+      [f'{factory}: needs more clients of weight > 0 than num_byzantine (n > f); lower '
+       'num_byzantine or sample more clients. [n, f] =', n, f])
 
 
 def optional_int(name: str, value) -> Optional[int]:

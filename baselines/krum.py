@@ -190,20 +190,14 @@ class KrumFactory(gather.GatheringAggregationFactory):
       ValueError: if neither or both of `num_byzantine` and `byzantine_fraction` are
         given, or one of the arguments is out of range.
     """
-    if (num_byzantine is None) == (byzantine_fraction is None):
+    self._num_byzantine, self._fraction = gather.check_assumed_byzantine(
+        'krum', num_byzantine, byzantine_fraction)
+    if num_selected is not None and (
+        isinstance(num_selected, bool) or
+        not isinstance(num_selected, (int, np.integer)) or num_selected < 1):
       raise ValueError(
-          'Give exactly one of num_byzantine (f) and byzantine_fraction (f = '
-          f'floor(fraction * n)); got num_byzantine={num_byzantine!r}, '
-          f'byzantine_fraction={byzantine_fraction!r}.')
-    self._num_byzantine = gather.optional_int('num_byzantine', num_byzantine)
-    self._fraction = (None if byzantine_fraction is None else gather.check_fraction(
-        'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
-    if num_selected is not None:
-      if (isinstance(num_selected, bool) or not isinstance(num_selected, int)
-          or num_selected < 1):
-        raise ValueError(
-            f'num_selected must be an integer >= 1 or None, got {num_selected!r}.')
-    self._num_selected = num_selected
+          f'num_selected must be an integer >= 1 or None, got {num_selected!r}.')
+    self._num_selected = None if num_selected is None else int(num_selected)
 
   def num_byzantine_for(self, num_clients: int) -> int:
     """f for a round of `num_clients` clients (of weight > 0)."""
@@ -227,10 +221,7 @@ class KrumFactory(gather.GatheringAggregationFactory):
 
   def _server_aggregate(self, values, weights, state):
     n = tf.shape(values)[0]
-    if self._num_byzantine is not None:
-      f = tf.constant(self._num_byzantine, tf.int32)
-    else:
-      f = tf.cast(tf.floor(self._fraction * tf.cast(n, tf.float64)), tf.int32)
+    f = gather.assumed_byzantine(self._num_byzantine, self._fraction, n)
     m = n - f if self._num_selected is None else tf.constant(self._num_selected)
     checks = [
         tf.debugging.assert_greater(

@@ -99,21 +99,20 @@ class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
 
   inner = property(lambda self: self._inner, doc='The aggregator of the mixed updates.')
 
+  def check_num_clients(self, num_clients: int) -> None:
+    """Raises a ValueError if a round of `num_clients` clients breaks n > f."""
+    gather.check_more_clients_than_assumed_byzantine(
+        'NearestNeighborMixingFactory', num_clients, self._num_byzantine)
+
   def _initial_state(self, dtype, size):
     return self._inner._initial_state(dtype, size)  # pylint: disable=protected-access
 
   def _server_aggregate(self, values, weights, state):
     n = tf.shape(values)[0]
-    if self._num_byzantine is not None:
-      f = tf.minimum(tf.constant(self._num_byzantine, tf.int32), n)
-      check = tf.debugging.Assert(
-          tf.logical_or(tf.equal(n, 0), n > self._num_byzantine),
-          ['NearestNeighborMixingFactory: mixing needs more finite clients than '
-           'num_byzantine (n > f); lower num_byzantine or sample more clients. '
-           '[n, f] =', n, self._num_byzantine])
-    else:
-      f = tf.cast(tf.floor(self._fraction * tf.cast(n, tf.float64)), tf.int32)
-      check = tf.no_op()
+    f = gather.assumed_byzantine(self._num_byzantine, self._fraction, n)
+    check = gather.assert_more_clients_than_assumed_byzantine(
+        'NearestNeighborMixingFactory', n, f)
+    f = tf.minimum(f, n)  # A round without clients mixes nothing.
     with tf.control_dependencies([check]):
       mixed = mix(values, f)
     result, inner_state, measurements = self._inner._server_aggregate(  # pylint: disable=protected-access

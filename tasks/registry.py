@@ -199,19 +199,13 @@ def is_secure_compatible(factory: tff.aggregators.WeightedAggregationFactory) ->
 def check_num_clients(factory, num_clients: int) -> None:
   """Raises a ValueError, before a round runs, if `factory` (as built here) cannot
   aggregate `num_clients` clients of weight > 0 (Krum's n > 2f + 2, also inside
-  bucketing, whose inner aggregator sees ⌈n/s⌉ bucket means, and nearest-neighbour
-  mixing): a clear Python error instead of the failed assertion TFF's executor
-  reports as a gRPC INTERNAL error. Factories without such a condition pass."""
-  while True:
+  bucketing, whose inner aggregator sees ⌈n/s⌉ bucket means; NNM's and ARC's n > f):
+  a clear Python error instead of the failed assertion TFF's executor reports as a
+  gRPC INTERNAL error. Factories without such a condition pass."""
+  while factory is not None:
     check = getattr(factory, 'check_num_clients', None)
     if check is not None:
       check(num_clients)
-    if isinstance(factory, nonfinite.NonfiniteFilteringFactory):
-      factory = factory.inner
-    elif isinstance(factory, bucketing.BucketingFactory):
+    if isinstance(factory, bucketing.BucketingFactory):
       num_clients = -(-num_clients // factory.bucket_size)
-      factory = factory.inner
-    elif isinstance(factory, nnm.NearestNeighborMixingFactory):
-      factory = factory.inner
-    else:
-      return
+    factory = getattr(factory, 'inner', None)  # Through the wrappers.

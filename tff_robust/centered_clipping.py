@@ -19,6 +19,7 @@ import tensorflow_federated as tff
 
 from tff_robust import iterative_mean
 from tff_robust import numerics
+from tff_robust import unit_weights
 
 INITIAL_POINTS = ('previous', 'mean', 'zero')
 
@@ -76,7 +77,7 @@ def is_clipped(value, center, radius, weight):
   return tf.cast(far, tf.int32) * counts, counts
 
 
-class SecureCenteredClippingFactory(tff.aggregators.WeightedAggregationFactory):
+class SecureCenteredClippingFactory(unit_weights.WeightedOrUnweightedFactory):
   """Centered clipping through an inner weighted mean: L iterations of
   v ← v + Σ_i α_i clip_τ(x_i − v) / Σ_i α_i, clip_τ(z) = z·min(1, τ/‖z‖) over the
   whole model update, computed on the clients.
@@ -164,7 +165,7 @@ class SecureCenteredClippingFactory(tff.aggregators.WeightedAggregationFactory):
   def inner_mean_factory(self) -> tff.aggregators.WeightedAggregationFactory:
     return self._inner
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     inner = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
     steps = CenteredClippingSteps(self, value_type)

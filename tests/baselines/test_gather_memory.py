@@ -55,10 +55,14 @@ class GatherMemoryTest(parameterized.TestCase):
     # peak below their size would mean that the measurement missed the aggregation.
     holder = 'worker_peak_bytes' if path == 'worker' else 'python_peak_bytes'
     self.assertGreater(result[holder], 50 * 1_000_000 * 4)
-    self.assertLess(result['worker_peak_bytes'], _LIMIT_BYTES,
-                    f'worker_binary peak {result["worker_peak_bytes"] / _GIB:.2f} GiB')
-    self.assertLess(result['python_peak_bytes'], _LIMIT_BYTES,
-                    f'Python peak {result["python_peak_bytes"] / _GIB:.2f} GiB')
+    # On the simulation path Python and the worker hold their copies at the same
+    # time: the bound is on their sum there (the benchmark's peak of that path).
+    peaks = {'worker_binary': result['worker_peak_bytes'],
+             'Python': result['python_peak_bytes']}
+    if path == 'simulation':
+      peaks['Python + worker_binary'] = sum(peaks.values())
+    for process, peak in peaks.items():
+      self.assertLess(peak, _LIMIT_BYTES, f'{process} peak {peak / _GIB:.2f} GiB')
     self.assertEmpty(_running_worker_binaries(result['worker_pids']),
                      'the subprocess left its worker_binary running')
 

@@ -2,12 +2,10 @@
 against plain numpy: each update replaced by the mean of its n − f nearest updates,
 then the inner rule; by name through the registry; inside TFF's FedAvg builder."""
 
-import collections
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from baselines import centered_clipping
 from baselines import coordinatewise
@@ -122,32 +120,17 @@ class NearestNeighborMixingTest(parameterized.TestCase):
 class FedAvgBuilderTest(tf.test.TestCase):
 
   def test_one_round_of_build_weighted_fed_avg(self):
-    # Equal client sizes and f = 0: every mixed update is the plain mean of the
-    # deltas, so nnm+median must move the model exactly as FedAvg's mean does.
-    rng = np.random.default_rng(3)
-    clients = collections.OrderedDict()
-    for i in range(3):
-      x = rng.normal(size=(6, ls.DIM)).astype(np.float32)
-      clients[f'c{i}'] = (x, (x @ rng.normal(size=(ls.DIM, 1)) + i).astype(np.float32))
-    task = ls.least_squares_task(clients)
-    datasets = [ls.full_batch(x, y) for x, y in clients.values()]
-    start = tff.learning.models.ModelWeights(
-        trainable=ls.random_params(rng), non_trainable=[])
-
-    def one_round(aggregator):
-      process = tff.learning.algorithms.build_weighted_fed_avg(
-          task.model_fn, tff.learning.optimizers.build_sgdm(ls.LEARNING_RATE),
-          model_aggregator=aggregator)
-      state = process.set_model_weights(process.initialize(), start)
-      output = process.next(state, datasets)
-      return process.get_model_weights(output.state).trainable, output.metrics
-
-    fedavg, _ = one_round(None)
-    mixed, metrics = one_round(registry.aggregator_from_name(
-        'nnm+median', wrapper_args={'nnm': {'num_byzantine': 0}}))
-    ls.assert_weights_close(self, mixed, fedavg)
-    self.assertEqual(metrics['aggregator']['num_neighbors'], 3)
-
+    # Five clients, one with labels ×100 (a huge update). NNM (f = 1) replaces each
+    # update by the mean of its 4 nearest, the median takes the coordinatewise median
+    # of those; the model moves by it. Client deltas from plain numpy gradient descent.
+    trained, deltas, start, metrics = ls.one_round_with_a_huge_client(
+        registry.aggregator_from_name(
+            'nnm+median', wrapper_args={'nnm': {'num_byzantine': 1}}), seed=5)
+    expected = references.np_median(np_nnm(deltas, 1), np.ones(5))
+    self.assertGreater(  # Mixing matters here: the plain median differs.
+        np.max(np.abs(expected - references.np_median(deltas, np.ones(5)))), 1e-3)
+    ls.assert_moved_by(self, trained, start, expected)
+    self.assertEqual(metrics['num_neighbors'], 4)
 
 if __name__ == '__main__':
   tf.test.main()

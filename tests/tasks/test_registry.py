@@ -189,10 +189,17 @@ class KrumByNameTest(parameterized.TestCase):
       ('multi_krum_selected', 'multi_krum', dict(num_byzantine=0, num_selected=6), 5, 6),
       # 8 clients are 4 buckets of 2: too few for f = 1; 10 clients are 5 buckets.
       ('bucketing_krum', 'bucketing+krum', dict(num_byzantine=1), 8, 9),
+      ('arc_krum', 'arc+krum', dict(num_byzantine=1), 4, 5),  # Through ARC.
+      ('nnm', 'nnm+median', dict(wrapper_args={'nnm': dict(num_byzantine=3)}), 3, 4,
+       'NearestNeighborMixingFactory: .*n > f'),
+      ('arc', 'arc+gm', dict(wrapper_args={'arc': dict(num_byzantine=3)}), 3, 4,
+       'AdaptiveRobustClippingFactory: .*n > f'),
   )
-  def test_too_few_clients_fail_early_and_clearly(self, name, kwargs, too_few, enough):
+  def test_too_few_clients_fail_early_and_clearly(
+      self, name, kwargs, too_few, enough,
+      message=r'KrumFactory: .*(n > 2f \+ 2|num_selected)'):
     factory = registry.aggregator_from_name(name, **kwargs)
-    with self.assertRaisesRegex(ValueError, r'KrumFactory: .*(n > 2f \+ 2|num_selected)'):
+    with self.assertRaisesRegex(ValueError, message):
       registry.check_num_clients(factory, too_few)
     registry.check_num_clients(factory, enough)
 

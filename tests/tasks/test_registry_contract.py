@@ -9,6 +9,7 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow_federated as tff
 
+from baselines import arc
 from tasks import registry
 import tff_robust
 from tff_robust import iterative_mean
@@ -49,10 +50,15 @@ FACTORIES = collections.OrderedDict(
          ('gm_unfiltered', tff_robust.GeometricMedianFactory),
          ('gamma_mean_unfiltered', tff_robust.GammaMeanFactory),
          ('gma_unfiltered', tff_robust.GradientMaskedAveragingFactory),
+         ('secure_centered_clipping_unfiltered',
+          tff_robust.SecureCenteredClippingFactory),
+         ('arc+krum', lambda: registry.aggregator_from_name('arc+krum')),
+         ('arc_unfiltered', lambda: arc.AdaptiveRobustClippingFactory(
+             tff_robust.GeometricMedianFactory(), num_byzantine=1)),
      ])
 # Gathering aggregators need clients of weight > 0 (Krum's n > 2f + 2): with every
 # weight zero they fail, loudly, instead of returning a value.
-NEED_CLIENTS = ('krum', 'multi_krum', 'bucketing+krum')
+NEED_CLIENTS = ('krum', 'multi_krum', 'bucketing+krum', 'arc+krum')
 
 _PROCESSES = {}
 

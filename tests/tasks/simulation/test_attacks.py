@@ -289,6 +289,37 @@ def _matrices():
 MATRICES = _matrices()
 
 
+class LineMaximizeTest(parameterized.TestCase):
+  """Call sequences worked out by hand from ByzFL's `LineMaximize`, so that a reading
+  shared by `attacks.line_maximize` and its transcription above would still fail."""
+
+  @parameterized.named_parameters(
+      # Two doublings, then contraction from above halving down towards the best, 3.
+      ('expand_then_contract', lambda x: -(x - 3.0) ** 2, 8, 1.0, 0.5,
+       [0.0, 1.0, 3.0, 7.0, 5.0, 4.0, 3.5, 3.25], 3.0),
+      # ratio 0.8: the contraction steps past the best (1.24 < 3) and back up by +δ,
+      # finding 2.96032, closer to the peak at 2.6.
+      ('overshoot_and_back', lambda x: -(x - 2.6) ** 2, 9, 1.0, 0.8,
+       [0.0, 1.0, 3.0, 7.0, 3.8, 1.24, 3.288, 1.6496, 2.96032], 2.96032),
+      # A negative proposal is halved back towards the last one until it is ≥ 0:
+      # 1 − 3 = −2 → −0.5 → 0.25; then 0.25 − 9 → ... → 0.109375.
+      ('negative_proposals_halved', lambda x: -x, 4, 1.0, 3.0,
+       [0.0, 1.0, 0.25, 0.109375], 0.0),
+  )
+  def test_proposals(self, objective, evaluations, delta, ratio, calls, best):
+    seen = []
+
+    def recorded(x):
+      seen.append(x)
+      return objective(x)
+
+    found = attacks.line_maximize(recorded, evaluations, 0.0, delta, ratio)
+    np.testing.assert_allclose(seen, calls, rtol=1e-12)
+    self.assertAlmostEqual(found, best, places=12)
+    self.assertAlmostEqual(np_line_maximize(objective, evaluations, 0.0, delta, ratio),
+                           best, places=12)
+
+
 class AdaptiveUpdateAttacksTest(parameterized.TestCase):
 
   def _rows(self, attack, case, **params):
