@@ -41,7 +41,6 @@ from tff_robust import unit_weights
 
 THRESHOLD = 'clipping_threshold'
 NUM_CLIPPED = 'num_clipped'
-_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 _NORMS_TYPE = tff.StructType([
     ('norms', tff.TensorType(np.float64, [None])),
     ('kept', tff.TensorType(np.bool_, [None])),
@@ -74,20 +73,9 @@ def clip_to_norm(value, norm, threshold):
   clipping it: such a scale multiplies in float64.
   """
   value = numerics.as_nest(value)
-  scale = tf.math.divide_no_nan(threshold, norm)
-
-  def in_float64():
-    return tf.nest.map_structure(
-        lambda t: tf.cast(tf.cast(t, tf.float64) * scale, t.dtype), value)
-
-  def in_own_dtype():
-    return tf.nest.map_structure(lambda t: t * tf.cast(scale, t.dtype), value)
-
-  def unchanged():
-    return tf.nest.map_structure(tf.identity, value)
-
-  return tf.case([(norm <= threshold, unchanged), (scale < _FLOAT32_TINY, in_float64)],
-                 default=in_own_dtype)
+  return tf.cond(norm <= threshold,
+                 lambda: tf.nest.map_structure(tf.identity, value),
+                 lambda: numerics.scaled(value, tf.math.divide_no_nan(threshold, norm)))
 
 
 def collect_norms(norm, weight):

@@ -37,7 +37,6 @@ def check_arguments(clip_radius, num_iterations, initial_point):
   return (iterative_mean.check_positive_float('clip_radius', clip_radius),
           iterative_mean.check_positive_int('num_iterations', num_iterations),
           initial_point)
-_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def clipped_difference(value, center, radius):
@@ -65,7 +64,7 @@ def clipped_difference(value, center, radius):
     return tf.nest.map_structure(lambda d, x: tf.cast(d * exact_scale, x.dtype),
                                  differences, value)
 
-  exact_enough = tf.logical_and(tf.math.is_finite(distance), scale >= _FLOAT32_TINY)
+  exact_enough = tf.logical_and(tf.math.is_finite(distance), scale >= numerics.FLOAT32_TINY)
   return tf.cond(exact_enough, in_own_dtype, in_float64)
 
 

@@ -19,7 +19,6 @@ from tff_robust import unit_weights
 
 WEIGHT_TYPE = unit_weights.UNIT_WEIGHT_TYPE
 check_float_structure = type_checks.check_float_structure
-_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def default_inner_mean_factory() -> tff.aggregators.WeightedAggregationFactory:
@@ -60,18 +59,9 @@ class Float32MeanFactory(unit_weights.WeightedOrUnweightedFactory):
     def weighted(value, weight):
       value, weight = numerics.as_nest(value), tf.cast(weight, tf.float64)
 
-      def zeros():
-        return tf.nest.map_structure(tf.zeros_like, value)
-
-      def in_float64():
-        return tf.nest.map_structure(
-            lambda t: tf.cast(tf.cast(t, tf.float64) * weight, t.dtype), value)
-
-      def in_own_dtype():
-        return tf.nest.map_structure(lambda t: t * tf.cast(weight, t.dtype), value)
-
-      products = tf.case([(tf.equal(weight, 0.0), zeros),
-                          (weight < _FLOAT32_TINY, in_float64)], default=in_own_dtype)
+      products = tf.cond(tf.equal(weight, 0.0),
+                         lambda: tf.nest.map_structure(tf.zeros_like, value),
+                         lambda: numerics.scaled(value, weight))
       return products, weight
 
     return _weighted_mean_process(value_type, weight_type, weighted)

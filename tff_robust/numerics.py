@@ -4,8 +4,13 @@ Every function here runs inside a `tff.tensorflow.computation` on one client or 
 server, and treats a model update as one vector: the concatenation of all its tensors.
 """
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+# float32's smallest normal number: TensorFlow's CPU kernels flush smaller results
+# (and factors) to zero.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def as_nest(structure):
@@ -14,6 +19,23 @@ def as_nest(structure):
   if isinstance(structure, tff.structure.Struct):
     return tff.structure.to_odict_or_tuple(structure)
   return structure
+
+
+def scaled(structure, scale):
+  """Every tensor of `structure` times the float64 scalar `scale`, in the tensor's own
+  dtype; in float64 when `scale` is below `FLOAT32_TINY`, where a float32 factor would
+  be flushed to zero and zero the value instead of shrinking it (a client at 3e38
+  clipped to norm 1, a weight of 1e-40)."""
+  structure = as_nest(structure)
+
+  def in_float64():
+    return tf.nest.map_structure(
+        lambda t: tf.cast(tf.cast(t, tf.float64) * scale, t.dtype), structure)
+
+  def in_own_dtype():
+    return tf.nest.map_structure(lambda t: t * tf.cast(scale, t.dtype), structure)
+
+  return tf.cond(scale < FLOAT32_TINY, in_float64, in_own_dtype)
 
 
 def global_l2_norm(structure):
