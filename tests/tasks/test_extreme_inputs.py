@@ -15,6 +15,7 @@ means in float64 (`tff_robust.iterative_mean.Float64MeanFactory`).
 """
 
 import collections
+import functools
 
 from absl.testing import parameterized
 import numpy as np
@@ -23,7 +24,9 @@ import tensorflow_federated as tff
 
 from benchmarks import gm_start_point
 from tasks import registry
+from tests.baselines import test_baselines as references
 from tests.helpers import aggregator_cases as cases
+from tests.tff_robust import test_gradient_masking as gma_references
 import tff_robust
 
 NUM_CLIENTS = 20
@@ -91,45 +94,11 @@ def np_gamma_mean_diagonal(x, a, gamma=0.5, iterations=3, floor=1e-12):
   return mu
 
 
-def np_gma(x, a, tau=0.4):
-  agreement = np.abs(np.sign(x).mean(axis=0))
-  return np.where(agreement >= tau, 1.0, agreement) * np_mean(x, a)
-
-
-def np_median(x, a):
-  del a
-  return np.median(x, axis=0)
-
-
-def np_trimmed_mean(x, a, beta=0.1):
-  del a
-  k = int(np.floor(beta * len(x)))
-  return np.sort(x, axis=0)[k:len(x) - k].mean(axis=0)
-
-
-def np_krum(x, a, f=1, m=1):
-  n = len(x)
-  distances = np.array([[np.sum((x[i] - x[j]) ** 2) for j in range(n)] for i in range(n)])
-  np.fill_diagonal(distances, np.inf)
-  scores = np.sort(distances, axis=1)[:, :n - f - 2].sum(axis=1)
-  chosen = np.argsort(scores, kind='stable')[:m]
-  return a[chosen] @ x[chosen] / a[chosen].sum()
-
-
-def _clip(z, tau):
-  norm = np.linalg.norm(z)
-  return z if norm <= tau else z * (tau / norm)
-
-
-def np_norm_clipping(x, a, c=1.0):
-  return sum(ai * _clip(xi, c) for xi, ai in zip(x, a)) / a.sum()
-
-
-def np_centered_clipping(x, a, tau=1.0, iterations=3):
-  v = np.zeros(x.shape[1])  # 'previous' starts from zero in the first round.
-  for _ in range(iterations):
-    v = v + sum(ai * _clip(xi - v, tau) for xi, ai in zip(x, a)) / a.sum()
-  return v
+def np_centered_clipping(x, a):
+  """The baselines' reference (tests/baselines) at the registry's defaults; the
+  'previous' start is zero in the first round."""
+  return references.np_centered_clipping(x, a, tau=1.0, iterations=3,
+                                         v0=np.zeros(x.shape[1]))
 
 
 REFERENCES = dict(
@@ -139,13 +108,15 @@ REFERENCES = dict(
     one_step_gm=({}, np_one_step_gm),
     gamma_mean=({}, np_gamma_mean),
     gamma_mean_diagonal=({}, np_gamma_mean_diagonal),
-    gma=({}, np_gma),
-    median=({}, np_median),
-    trimmed_mean=({}, np_trimmed_mean),
-    krum=(dict(num_byzantine=1), np_krum),
+    # The references of tests/baselines and tests/tff_robust, at the registry's
+    # default arguments.
+    gma=({}, lambda x, a: gma_references.np_gma(x, a, tau=0.4)[0]),
+    median=({}, references.np_median),
+    trimmed_mean=({}, functools.partial(references.np_trimmed_mean, beta=0.1)),
+    krum=(dict(num_byzantine=1), functools.partial(references.np_krum, f=1, m=1)),
     multi_krum=(dict(num_byzantine=1),
-                lambda x, a: np_krum(x, a, f=1, m=NUM_CLIENTS - 1)),
-    norm_clipping=({}, np_norm_clipping),
+                functools.partial(references.np_krum, f=1, m=NUM_CLIENTS - 1)),
+    norm_clipping=({}, functools.partial(references.np_norm_clipping, c=1.0)),
     centered_clipping=({}, np_centered_clipping),
     secure_centered_clipping=({}, np_centered_clipping),
 )
