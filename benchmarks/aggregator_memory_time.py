@@ -78,7 +78,8 @@ _OUTPUT = flags.DEFINE_string(
     'output', None, 'Also write the table as markdown here (e.g. '
     'results/aggregator_memory_time.md), rewritten after every row.')
 _BYZANTINE_FRACTION = flags.DEFINE_float(
-    'byzantine_fraction', 0.25, 'Krum and multi-Krum: the assumed corrupted fraction.')
+    'byzantine_fraction', 0.25, 'The assumed corrupted fraction of the aggregators '
+    'that need one (Krum, multi-Krum, NNM, ARC; also inside bucketing).')
 _ONE = flags.DEFINE_string(
     'one', None, 'Measure this one aggregator (or "generate_only") in this process and '
     'print one JSON line.')
@@ -98,10 +99,9 @@ flags.register_multi_flags_validator(
 _KIB = 1024
 
 
-def aggregator_kwargs(name):
-  if name in ('krum', 'multi_krum'):
-    return dict(byzantine_fraction=_BYZANTINE_FRACTION.value)
-  return {}
+def aggregator_kwargs():
+  # The registry passes it to the aggregators and wrappers that need f, and only them.
+  return dict(assumed_byzantine_fraction=_BYZANTINE_FRACTION.value)
 
 
 def peak_rss_bytes(pid) -> int:
@@ -181,7 +181,7 @@ def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
     computation = generation_only(num_parameters)
     call = computation if path == WORKER else lambda _: None
   else:
-    factory = registry.aggregator_from_name(name, **aggregator_kwargs(name))
+    factory = registry.aggregator_from_name(name, **aggregator_kwargs())
     vector_type = tff.TensorType(np.float32, [num_parameters])
     # The simulation's updates are lists of the model's variables.
     value_type = vector_type if path == WORKER else tff.types.to_type([vector_type])
@@ -276,7 +276,8 @@ def _heading():
 
 def _row(result, mean):
   """The table's cells of `result`, with its ratios to `mean` (on the same path;
-  none for the update generation, measured before the mean)."""
+  empty while there is no mean yet: the update generation's printed row, measured
+  first; the markdown, rewritten after the mean, has them)."""
   ratios = ((f'{result["seconds"] / mean["seconds"]:.2f}',
              f'{_peak(result) / _peak(mean):.2f}') if mean else ('', ''))
   return (result['name'], result['path'], f'{result["seconds"]:.2f}', ratios[0],

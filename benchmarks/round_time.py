@@ -39,13 +39,13 @@ _AGGREGATORS = flags.DEFINE_list(
     'any name known to tasks.registry.aggregator_from_name.')
 flag_groups.validate_aggregator_names('aggregators', also=('rfa', 'one_step_rfa'))
 _BYZANTINE_FRACTION = flags.DEFINE_float(
-    'byzantine_fraction', 0.25, 'Krum and multi-Krum: the assumed corrupted fraction.')
+    'byzantine_fraction', 0.25, 'The assumed corrupted fraction of the aggregators '
+    'that need one (Krum, multi-Krum, NNM, ARC; also inside bucketing).')
 
 
-def aggregator_kwargs(name):
-  if name in ('krum', 'multi_krum'):
-    return dict(byzantine_fraction=_BYZANTINE_FRACTION.value)
-  return {}
+def aggregator_kwargs():
+  # The registry passes it to the aggregators and wrappers that need f, and only them.
+  return dict(assumed_byzantine_fraction=_BYZANTINE_FRACTION.value)
 
 
 def build_processes(task, names):
@@ -61,7 +61,7 @@ def build_processes(task, names):
           task.model_fn, client_optimizer)
     else:
       processes[name] = tff_robust.build_process_with_aggregator(
-          task.model_fn, client_optimizer, None, registry.aggregator_from_name(name, **aggregator_kwargs(name)))
+          task.model_fn, client_optimizer, None, registry.aggregator_from_name(name, **aggregator_kwargs()))
   return processes
 
 

@@ -48,3 +48,7 @@ def __getattr__(name):
   if name in _LAZY_MODULES:
     return importlib.import_module(f'{__name__}.{name}')
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_LAZY_MODULES))

@@ -2,7 +2,6 @@
 against plain numpy: each update replaced by the mean of its n − f nearest updates,
 then the inner rule; by name through the registry; inside TFF's FedAvg builder."""
 
-
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
@@ -131,6 +130,7 @@ class FedAvgBuilderTest(tf.test.TestCase):
         np.max(np.abs(expected - references.np_median(deltas, np.ones(5)))), 1e-3)
     ls.assert_moved_by(self, trained, start, expected)
     self.assertEqual(metrics['num_neighbors'], 4)
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -52,9 +52,10 @@ def test_default_sigterm_handler_stays_default_after_import():
 def test_the_worker_module_is_not_imported_before_it_runs_as_main():
   # `python -m tff_robust.distributed` imports the package first; were the package to
   # import the module too, runpy would warn that it runs a module already loaded.
-  result = subprocess.run([sys.executable, '-m', 'tff_robust.distributed', '--help'],
-                          capture_output=True, text=True, timeout=120,
-                          env=processes.quiet_env())
+  result = subprocess.run(
+      [sys.executable, '-W', 'default', '-m', 'tff_robust.distributed', '--help'],
+      capture_output=True, text=True, timeout=120,
+      env=dict(processes.quiet_env(), PYTHONWARNINGS='default'))
   assert '--helpfull' in result.stdout  # The worker_binary's own help: it ran.
   assert 'RuntimeWarning' not in result.stderr, result.stderr
 
@@ -64,6 +65,9 @@ def test_lazily_loaded_modules_are_package_attributes():
                    'print(tff_robust.distributed.LocalWorkers.__module__,\n'
                    '      tff_robust.passwise.PasswiseFactory.__module__)', check=True)
   assert result.stdout.split()[-2:] == ['tff_robust.distributed', 'tff_robust.passwise']
+  listed = _python('import tff_robust; print(set(dir(tff_robust)) >= '
+                   '{"distributed", "passwise", "GeometricMedianFactory"})', check=True)
+  assert listed.stdout.split()[-1] == 'True', listed.stderr
 
 
 def test_workers_stop_when_the_block_ends():
