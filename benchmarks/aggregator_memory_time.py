@@ -77,9 +77,7 @@ _AGGREGATORS = flags.DEFINE_list(
 _OUTPUT = flags.DEFINE_string(
     'output', None, 'Also write the table as markdown here (e.g. '
     'results/aggregator_memory_time.md), rewritten after every row.')
-_BYZANTINE_FRACTION = flags.DEFINE_float(
-    'byzantine_fraction', 0.25, 'The assumed corrupted fraction of the aggregators '
-    'that need one (Krum, multi-Krum, NNM, ARC; also inside bucketing).')
+flag_groups.define_byzantine_fraction_flag()
 _ONE = flags.DEFINE_string(
     'one', None, 'Measure this one aggregator (or "generate_only") in this process and '
     'print one JSON line.')
@@ -97,11 +95,6 @@ flags.register_multi_flags_validator(
     message='--calls=0 times nothing, and the table divides by the mean\'s time: pass '
     '--calls=1 or more (0 is for --one, a peak without timing).')
 _KIB = 1024
-
-
-def aggregator_kwargs():
-  # The registry passes it to the aggregators and wrappers that need f, and only them.
-  return dict(assumed_byzantine_fraction=_BYZANTINE_FRACTION.value)
 
 
 def peak_rss_bytes(pid) -> int:
@@ -181,7 +174,7 @@ def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
     computation = generation_only(num_parameters)
     call = computation if path == WORKER else lambda _: None
   else:
-    factory = registry.aggregator_from_name(name, **aggregator_kwargs())
+    factory = flag_groups.aggregator_from_flag(name)
     vector_type = tff.TensorType(np.float32, [num_parameters])
     # The simulation's updates are lists of the model's variables.
     value_type = vector_type if path == WORKER else tff.types.to_type([vector_type])
@@ -216,7 +209,7 @@ def run_in_subprocess(name, path):
       sys.executable, '-m', 'benchmarks.aggregator_memory_time', f'--one={name}',
       f'--paths={path}', f'--clients={_CLIENTS.value}',
       f'--parameters={_PARAMETERS.value}', f'--calls={_CALLS.value}',
-      f'--byzantine_fraction={_BYZANTINE_FRACTION.value}'
+      f'--byzantine_fraction={flags.FLAGS.byzantine_fraction}'
   ]
   done = subprocess.run(command, capture_output=True, text=True, check=False)
   if done.returncode != 0:  # Say why (e.g. killed for memory: -9), not only that.

@@ -38,14 +38,7 @@ _AGGREGATORS = flags.DEFINE_list(
     'aggregators', ['rfa'], 'Processes timed against FedAvg: rfa, one_step_rfa, or '
     'any name known to tasks.registry.aggregator_from_name.')
 flag_groups.validate_aggregator_names('aggregators', also=('rfa', 'one_step_rfa'))
-_BYZANTINE_FRACTION = flags.DEFINE_float(
-    'byzantine_fraction', 0.25, 'The assumed corrupted fraction of the aggregators '
-    'that need one (Krum, multi-Krum, NNM, ARC; also inside bucketing).')
-
-
-def aggregator_kwargs():
-  # The registry passes it to the aggregators and wrappers that need f, and only them.
-  return dict(assumed_byzantine_fraction=_BYZANTINE_FRACTION.value)
+flag_groups.define_byzantine_fraction_flag()
 
 
 def build_processes(task, names):
@@ -61,7 +54,7 @@ def build_processes(task, names):
           task.model_fn, client_optimizer)
     else:
       processes[name] = tff_robust.build_process_with_aggregator(
-          task.model_fn, client_optimizer, None, registry.aggregator_from_name(name, **aggregator_kwargs()))
+          task.model_fn, client_optimizer, None, flag_groups.aggregator_from_flag(name))
   return processes
 
 

@@ -298,6 +298,28 @@ def build_aggregator(name: str, entries: Sequence[str],
                      f'aggregator {name}: {e}') from e
 
 
+def define_byzantine_fraction_flag(default: float = 0.25,
+                                   flag_values: flags.FlagValues = FLAGS) -> None:
+  """--byzantine_fraction, for binaries that build aggregators by name outside a
+  sweep (no run's rho): the assumed corrupted fraction, in [0, 0.5), of the
+  aggregators and wrappers that need one. Build them with `aggregator_from_flag`."""
+  flags.DEFINE_float(
+      'byzantine_fraction', default, 'The assumed corrupted fraction of the '
+      'aggregators that need one (Krum, multi-Krum, NNM, ARC; also inside '
+      'bucketing), in [0, 0.5).', flag_values=flag_values)
+  flags.register_validator(
+      'byzantine_fraction', lambda value: 0 <= value < 0.5,
+      message='--byzantine_fraction must be in [0, 0.5): robust aggregation assumes '
+      'fewer than half the clients corrupted.', flag_values=flag_values)
+
+
+def aggregator_from_flag(name: str, flag_values: flags.FlagValues = FLAGS):
+  """`aggregator_from_name(name)` with --byzantine_fraction, which the registry passes
+  to the aggregators and wrappers that need f, and only them."""
+  return registry.aggregator_from_name(
+      name, assumed_byzantine_fraction=flag_values.byzantine_fraction)
+
+
 def aggregator_help() -> str:
   return ('by name of tasks.registry, optionally wrapped as wrapper+name (e.g. '
           f'bucketing+median). Aggregators: {", ".join(registry.known_aggregators())}; '

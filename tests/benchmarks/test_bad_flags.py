@@ -63,6 +63,16 @@ class BadFlagsTest(parameterized.TestCase):
     self.assertIn(message, result.stderr)
     self.assertNotIn('Traceback', result.stderr)
 
+  @parameterized.named_parameters(
+      ('memory', 'benchmarks.aggregator_memory_time'),
+      ('round_time', 'benchmarks.round_time'),
+  )
+  def test_impossible_byzantine_fraction(self, module):
+    result = self._run(module, '--byzantine_fraction=0.5')
+    self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+    self.assertIn('--byzantine_fraction must be in [0, 0.5)', result.stderr)
+    self.assertNotIn('Traceback', result.stderr)
+
   def test_memory_table_needs_timed_calls(self):
     result = self._run('benchmarks.aggregator_memory_time', '--calls=0')
     self.assertEqual(result.returncode, 1, result.stderr[-2000:])

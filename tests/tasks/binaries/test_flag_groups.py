@@ -1,5 +1,6 @@
-"""Parse-time checks of the binaries' output paths (`flag_groups.validate_output_paths`):
-a path the binary could not write stops it before training, naming the flag."""
+"""Parse-time checks of the binaries' shared flags: an output path the binary could not
+write (`flag_groups.validate_output_paths`) or an impossible --byzantine_fraction stops
+it before training, naming the flag."""
 
 import os
 import shutil
@@ -10,6 +11,8 @@ from absl import flags
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from baselines import krum
+from baselines import nnm
 from tasks.binaries import flag_groups
 
 
@@ -71,6 +74,31 @@ class ValidateOutputPathsTest(parameterized.TestCase):
                            lambda path, mode: path not in denied and access(path, mode)):
       with self.assertRaisesRegex(flags.IllegalFlagValueError, message):
         self._parse(**values)
+
+
+class ByzantineFractionFlagTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.flag_values = flags.FlagValues()
+    flag_groups.define_byzantine_fraction_flag(flag_values=self.flag_values)
+
+  @parameterized.named_parameters(('half', '0.5'), ('negative', '-0.1'), ('nan', 'nan'))
+  def test_impossible_fractions_are_refused(self, value):
+    with self.assertRaisesRegex(flags.IllegalFlagValueError,
+                                r'--byzantine_fraction must be in \[0, 0.5\)'):
+      self.flag_values(['binary', f'--byzantine_fraction={value}'])
+
+  def test_the_fraction_reaches_an_aggregator_inside_a_wrapper(self):
+    self.flag_values(['binary', '--byzantine_fraction=0.1'])
+    factory = flag_groups.aggregator_from_flag('nnm+krum', self.flag_values)
+    wrapped = []
+    while not isinstance(factory, krum.KrumFactory):
+      wrapped.append(type(factory))
+      factory = factory.inner
+    self.assertIn(nnm.NearestNeighborMixingFactory, wrapped)
+    # The registry's default fraction, 0.25, would give f = 5.
+    self.assertEqual(factory.num_byzantine_for(20), 2)
 
 
 if __name__ == '__main__':
