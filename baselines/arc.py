@@ -148,6 +148,8 @@ class AdaptiveRobustClippingFactory(unit_weights.WeightedOrUnweightedFactory):
 
     Raises:
       TypeError: if `inner` is not a weighted aggregation factory.
+      TypeError: if `num_byzantine` is not an integer or `byzantine_fraction` not a
+        number.
       ValueError: if neither or both of `num_byzantine` and `byzantine_fraction` are
         given, or one is out of range.
     """

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from baselines import gather
-from tff_robust import iterative_mean
+from tff_robust import arguments
 
 
 def bucket_order(num_clients, seed: int, round_num):
@@ -81,7 +81,7 @@ class BucketingFactory(gather.GatheringAggregationFactory):
 
     Raises:
       TypeError: if `inner` is not a gathering baseline.
-      TypeError: if `seed` is not an integer.
+      TypeError: if `bucket_size` or `seed` is not an integer.
       ValueError: if `bucket_size` < 1.
     """
     if not isinstance(inner, gather.GatheringAggregationFactory):
@@ -91,7 +91,7 @@ class BucketingFactory(gather.GatheringAggregationFactory):
           f'updates; got {type(inner).__name__}. By name, bucketing+gm uses '
           'gathered_gm.')
     self._inner = inner
-    self._bucket_size = iterative_mean.check_positive_int('bucket_size', bucket_size)
+    self._bucket_size = arguments.check_positive_int('bucket_size', bucket_size)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
       raise TypeError(f'seed must be an integer, got {seed!r}.')
     self._seed = int(seed)

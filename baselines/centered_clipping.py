@@ -71,6 +71,7 @@ class CenteredClippingFactory(gather.GatheringAggregationFactory):
       initial_point: 'previous', 'mean' or 'zero' (see the class docstring).
 
     Raises:
+      TypeError: for a τ that is not a number or an L that is not an integer.
       ValueError: for τ <= 0, L < 1 or an unknown initial point.
     """
     self._radius, self._num_iterations, self._initial_point = (

@@ -9,6 +9,7 @@ import collections
 import tensorflow as tf
 
 from baselines import gather
+from tff_robust import arguments
 
 
 def _sorted_rows(values):
@@ -86,10 +87,11 @@ class TrimmedMeanFactory(gather.GatheringAggregationFactory):
         every coordinate.
 
     Raises:
+      TypeError: if `trim_fraction` is not a number.
       ValueError: if `trim_fraction` is not in [0, 0.5).
     """
-    self._trim_fraction = gather.check_fraction(
-        'trim_fraction', trim_fraction, 0.5, upper_inclusive=False)
+    self._trim_fraction = arguments.check_number_in(
+        'trim_fraction', trim_fraction, 0, 0.5, high_inclusive=False)
 
   def _server_aggregate(self, values, weights, state):
     del weights

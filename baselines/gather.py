@@ -13,13 +13,13 @@ flattened tensors (`flatten` / `unflatten`). The server then sees a matrix of sh
 
 import abc
 import collections
-import math
 from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_robust import arguments
 from tff_robust import iterative_mean
 from tff_robust import numerics
 from tff_robust import unit_weights
@@ -146,7 +146,7 @@ def gathering_steps(value_type, weight_type, capacity: Optional[int] = None):
   `capacity` overflow rows, O(n·p + m²·p). `merge` (not called by TFF's local runtime;
   a composing runtime calls it once per worker) stacks both sides, one copy of each.
   """
-  capacity = iterative_mean.check_positive_int(
+  capacity = arguments.check_positive_int(
       'capacity', LINEAR_CAPACITY if capacity is None else capacity)
   dtype = vector_dtype(value_type)
   size = num_parameters(value_type)
@@ -301,17 +301,6 @@ def by_column_blocks(column_fn, values, block: int = COLUMN_BLOCK) -> tf.Tensor:
   return results[0] if len(results) == 1 else tf.concat(results, axis=-1)
 
 
-def check_fraction(name: str, value, upper: float, upper_inclusive: bool) -> float:
-  """Validates a fraction in [0, upper) (or [0, upper])."""
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-    raise TypeError(f'{name} must be a number, got {value!r}.')
-  ok = 0 <= value <= upper if upper_inclusive else 0 <= value < upper
-  if not ok or not math.isfinite(value):
-    bracket = ']' if upper_inclusive else ')'
-    raise ValueError(f'{name} must be in [0, {upper}{bracket}, got {value!r}.')
-  return float(value)
-
-
 def weighted_average_rows(values, weights, rows=None) -> tf.Tensor:
   """Σ w_i x_i / Σ w_i over the rows of `values` (`rows`, indices in the order summed,
   if given; else all), in values' dtype; zeros if the weights sum to zero.
@@ -339,6 +328,7 @@ def check_assumed_byzantine(wrapper: str, num_byzantine, byzantine_fraction):
   """(f, ρ) of a wrapper told exactly one of f and ρ ∈ [0, 0.5), validated.
 
   Raises:
+    TypeError: if f is not an integer or ρ not a number.
     ValueError: if neither or both are given, or one is out of range.
   """
   if (num_byzantine is None) == (byzantine_fraction is None):
@@ -346,9 +336,9 @@ def check_assumed_byzantine(wrapper: str, num_byzantine, byzantine_fraction):
         f'Give {wrapper} exactly one of num_byzantine (f) and byzantine_fraction (f = '
         f'floor(fraction * n)); got num_byzantine={num_byzantine!r}, '
         f'byzantine_fraction={byzantine_fraction!r}.')
-  return (optional_int('num_byzantine', num_byzantine),
-          None if byzantine_fraction is None else check_fraction(
-              'byzantine_fraction', byzantine_fraction, 0.5, upper_inclusive=False))
+  return (arguments.check_optional_nonnegative_int('num_byzantine', num_byzantine),
+          None if byzantine_fraction is None else arguments.check_number_in(
+              'byzantine_fraction', byzantine_fraction, 0, 0.5, high_inclusive=False))
 
 
 def check_more_clients_than_assumed_byzantine(factory: str, num_clients: int,
@@ -379,11 +369,3 @@ def assert_more_clients_than_assumed_byzantine(factory: str, n: tf.Tensor,
       tf.logical_or(tf.equal(n, 0), n > f),
       [f'{factory}: needs more clients of weight > 0 than num_byzantine (n > f); lower '
        'num_byzantine or sample more clients. [n, f] =', n, f])
-
-
-def optional_int(name: str, value) -> Optional[int]:
-  if value is None:
-    return None
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-    raise ValueError(f'{name} must be an integer >= 0, got {value!r}.')
-  return int(value)

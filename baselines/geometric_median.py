@@ -16,8 +16,8 @@ from typing import Optional
 import tensorflow as tf
 
 from baselines import gather
+from tff_robust import arguments
 from tff_robust import geometric_median
-from tff_robust import iterative_mean
 
 INITIAL_POINTS = geometric_median.INITIAL_POINTS
 
@@ -106,19 +106,18 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
       initial_point: 'zero', 'mean' or 'previous'.
 
     Raises:
+      TypeError: if R is not an integer, or ν or `tolerance` not a number.
       ValueError: if R < 1, ν <= 0, `tolerance` is not in [0, 1) or comes without
         `nu`, or `initial_point` is unknown.
     """
-    self._num_passes = iterative_mean.check_positive_int(
+    self._num_passes = arguments.check_positive_int(
         'num_communication_passes', num_communication_passes)
     geometric_median.check_tolerance_meaning(nu, tolerance)
     nu = geometric_median.DEFAULT_NU if nu is None else nu
     tolerance = geometric_median.DEFAULT_TOLERANCE if tolerance is None else tolerance
-    self._nu = iterative_mean.check_positive_float('nu', nu)
-    if (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
-        or not 0 <= tolerance < 1):
-      raise ValueError(f'tolerance must be a number in [0, 1), got {tolerance!r}.')
-    self._tolerance = float(tolerance)
+    self._nu = arguments.check_positive_float('nu', nu)
+    self._tolerance = arguments.check_number_in('tolerance', tolerance, 0, 1,
+                                                high_inclusive=False)
     if initial_point not in INITIAL_POINTS:
       raise ValueError(
           f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from baselines import gather
+from tff_robust import arguments
 
 
 # Columns per block (float64 values in the block's temporaries): ≈ 2^18 values (2 MiB)
@@ -187,17 +188,14 @@ class KrumFactory(gather.GatheringAggregationFactory):
         `None` means n − f (multi-Krum).
 
     Raises:
+      TypeError: if an argument is of the wrong type (e.g. a float `num_selected`).
       ValueError: if neither or both of `num_byzantine` and `byzantine_fraction` are
         given, or one of the arguments is out of range.
     """
     self._num_byzantine, self._fraction = gather.check_assumed_byzantine(
         'krum', num_byzantine, byzantine_fraction)
-    if num_selected is not None and (
-        isinstance(num_selected, bool) or
-        not isinstance(num_selected, (int, np.integer)) or num_selected < 1):
-      raise ValueError(
-          f'num_selected must be an integer >= 1 or None, got {num_selected!r}.')
-    self._num_selected = None if num_selected is None else int(num_selected)
+    self._num_selected = (None if num_selected is None else
+                          arguments.check_positive_int('num_selected', num_selected))
 
   def num_byzantine_for(self, num_clients: int) -> int:
     """f for a round of `num_clients` clients (of weight > 0)."""

@@ -85,6 +85,8 @@ class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
 
     Raises:
       TypeError: if `inner` is not a gathering baseline.
+      TypeError: if `num_byzantine` is not an integer or `byzantine_fraction` not a
+        number.
       ValueError: if neither or both of `num_byzantine` and `byzantine_fraction` are
         given, or one is out of range.
     """

@@ -5,6 +5,7 @@ from typing import Optional, Union
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_robust import arguments
 from tff_robust import iterative_mean
 from tff_robust import numerics
 from tff_robust import unit_weights
@@ -31,7 +32,7 @@ class NormBoundingFactory(unit_weights.WeightedOrUnweightedFactory):
   def __init__(self, inner: tff.aggregators.WeightedAggregationFactory,
                max_norm: float = NORM_BEFORE_CLIPPING):
     self._inner = iterative_mean.check_inner_mean_factory(inner)
-    self._max_norm = iterative_mean.check_positive_float('max_norm', max_norm)
+    self._max_norm = arguments.check_positive_float('max_norm', max_norm)
 
   def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
@@ -93,6 +94,6 @@ def norm_clipping_factory(
     `clipping_norm`, `clipped_count`).
   """
   if not isinstance(clip_norm, tff.templates.EstimationProcess):
-    clip_norm = iterative_mean.check_positive_float('clip_norm', clip_norm)
+    clip_norm = arguments.check_positive_float('clip_norm', clip_norm)
   inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
   return NormBoundingFactory(tff.aggregators.clipping_factory(clip_norm, inner))

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_robust import arguments
 from tff_robust import iterative_mean
 from tff_robust import numerics
 from tff_robust import unit_weights
@@ -29,13 +30,14 @@ def check_arguments(clip_radius, num_iterations, initial_point):
   baseline `baselines.centered_clipping`.
 
   Raises:
+    TypeError: for a τ that is not a number or an L that is not an integer.
     ValueError: for τ <= 0, L < 1 or an initial point not in `INITIAL_POINTS`.
   """
   if initial_point not in INITIAL_POINTS:
     raise ValueError(
         f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
-  return (iterative_mean.check_positive_float('clip_radius', clip_radius),
-          iterative_mean.check_positive_int('num_iterations', num_iterations),
+  return (arguments.check_positive_float('clip_radius', clip_radius),
+          arguments.check_positive_int('num_iterations', num_iterations),
           initial_point)
 
 
@@ -137,7 +139,8 @@ class SecureCenteredClippingFactory(unit_weights.WeightedOrUnweightedFactory):
 
     Raises:
       ValueError: for τ <= 0, L < 1 or an unknown initial point.
-      TypeError: if `inner_mean_factory` is not a weighted aggregation factory.
+      TypeError: for a τ that is not a number, an L that is not an integer, or an
+        `inner_mean_factory` that is not a weighted aggregation factory.
     """
     self._radius, self._num_iterations, self._initial_point = check_arguments(
         clip_radius, num_iterations, initial_point)

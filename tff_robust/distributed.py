@@ -56,6 +56,8 @@ from tensorflow_federated.python.core.backends.native import compiler as native_
 from tensorflow_federated.python.core.environments.tensorflow_frontend import (
     tensorflow_computation)
 
+from tff_robust import arguments
+
 # gRPC's limit is a signed 32-bit length; TFF's own local context uses 2e9 too.
 DEFAULT_MAX_MESSAGE_BYTES = 2_000_000_000
 # How long a worker may take to accept connections at start.
@@ -350,8 +352,7 @@ class LocalWorkers:
                ports: Optional[Sequence[int]] = None,
                max_message_megabytes: int = 10_000,
                log_dir: Optional[str] = None, startup_timeout: float = 60.0):
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-      raise ValueError(f'num_workers must be an integer >= 1, got {num_workers!r}.')
+    num_workers = arguments.check_positive_int('num_workers', num_workers)
     if ports is not None and len(ports) != num_workers:
       raise ValueError(f'Give {num_workers} ports, got {list(ports)}.')
     self._binary = worker_binary_path()

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_robust import arguments
 from tff_robust import geometric_median
 from tff_robust import iterative_mean
 from tff_robust import numerics
@@ -163,7 +164,8 @@ class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
     Raises:
       ValueError: for γ <= 0 or c <= 0 (or both given), S < 1, an unknown
         covariance or initial point, or `variance_floor` <= 0.
-      TypeError: for factories of the wrong kind.
+      TypeError: for arguments of the wrong type (e.g. a float S), including
+        factories of the wrong kind.
     """
     if gamma is not None and gamma_per_dimension is not None:
       raise ValueError('Give gamma or gamma_per_dimension, not both; got '
@@ -171,12 +173,12 @@ class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
     self._gamma = None
     self._gamma_per_dimension = None
     if gamma_per_dimension is not None:
-      self._gamma_per_dimension = iterative_mean.check_positive_float(
+      self._gamma_per_dimension = arguments.check_positive_float(
           'gamma_per_dimension', gamma_per_dimension)
     else:
-      self._gamma = iterative_mean.check_positive_float(
+      self._gamma = arguments.check_positive_float(
           'gamma', DEFAULT_GAMMA if gamma is None else gamma)
-    self._num_iterations = iterative_mean.check_positive_int(
+    self._num_iterations = arguments.check_positive_int(
         'num_iterations', num_iterations)
     if covariance not in COVARIANCES:
       raise ValueError(f'covariance must be one of {COVARIANCES}, got {covariance!r}.')
@@ -194,7 +196,7 @@ class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
       raise TypeError('geometric_median_factory must be a weighted aggregation '
                       f'factory, got {type(geometric_median_factory).__name__}.')
     self._gm_factory = geometric_median_factory
-    self._variance_floor = iterative_mean.check_positive_float(
+    self._variance_floor = arguments.check_positive_float(
         'variance_floor', variance_floor)
 
   # Read by `tff_robust.passwise`, which runs the same iterations one computation each.

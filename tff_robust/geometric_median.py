@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_robust import arguments
 from tff_robust import iterative_mean
 from tff_robust import numerics
 from tff_robust import unit_weights
@@ -185,17 +186,18 @@ class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
     Raises:
       ValueError: if `num_communication_passes` < 1, `nu` <= 0, `tolerance` < 0,
         a positive `tolerance` comes without `nu`, or `initial_point` is unknown.
-      TypeError: if `inner_mean_factory` is not a weighted aggregation factory.
+      TypeError: for arguments of the wrong type (e.g. a float
+        `num_communication_passes`), including an `inner_mean_factory` that is not
+        a weighted aggregation factory.
     """
-    self._num_passes = iterative_mean.check_positive_int(
+    self._num_passes = arguments.check_positive_int(
         'num_communication_passes', num_communication_passes)
     check_tolerance_meaning(nu, tolerance)
     nu = DEFAULT_NU if nu is None else nu
     tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
-    self._nu = iterative_mean.check_positive_float('nu', nu)
-    if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
-      raise ValueError(f'tolerance must be a number in [0, 1), got {tolerance!r}.')
-    self._tolerance = float(tolerance)
+    self._nu = arguments.check_positive_float('nu', nu)
+    self._tolerance = arguments.check_number_in('tolerance', tolerance, 0, 1,
+                                                high_inclusive=False)
     self._inner = (iterative_mean.Float32MeanFactory() if inner_mean_factory is None
                    else iterative_mean.check_inner_mean_factory(inner_mean_factory))
     if initial_point not in INITIAL_POINTS:

@@ -5,21 +5,13 @@ Belilovsky, "Gradient Masked Averaging for Federated Learning", Section 3.2, eq.
 import collections
 from typing import Optional
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_robust import arguments
 from tff_robust import iterative_mean
 from tff_robust import numerics
 from tff_robust import unit_weights
-
-
-def check_tau(tau) -> float:
-  if isinstance(tau, bool) or not isinstance(tau, (int, float, np.number)):
-    raise TypeError(f'tau must be a number in [0, 1], got {tau!r}.')
-  if not 0.0 <= tau <= 1.0:
-    raise ValueError(f'tau must be in [0, 1], got {tau!r}.')
-  return float(tau)
 
 
 def _map(fn, *structures):
@@ -76,9 +68,9 @@ class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
 
     Raises:
       ValueError: if `tau` is outside [0, 1].
-      TypeError: for factories of the wrong kind.
+      TypeError: if `tau` is not a number, or for factories of the wrong kind.
     """
-    self._tau = check_tau(tau)
+    self._tau = arguments.check_number_in('tau', tau, 0, 1, high_inclusive=True)
     if sign_sum_factory is None:
       sign_sum_factory = tff.aggregators.SumFactory()
     if not isinstance(sign_sum_factory, tff.aggregators.UnweightedAggregationFactory):

@@ -168,20 +168,6 @@ def check_inner_mean_factory(factory) -> tff.aggregators.WeightedAggregationFact
   return factory
 
 
-def check_positive_int(name: str, value) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f'{name} must be an integer >= 1, got {value!r}.')
-  return int(value)
-
-
-def check_positive_float(name: str, value) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-    raise TypeError(f'{name} must be a number, got {value!r}.')
-  if not np.isfinite(value) or value <= 0:
-    raise ValueError(f'{name} must be a finite number > 0, got {value!r}.')
-  return float(value)
-
-
 def float32_weights(weight_type, weight):
   """Federated step: the clients' weights as float32 (the type every step here takes);
   the weights themselves when they already are."""

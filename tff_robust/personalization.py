@@ -41,7 +41,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from tff_robust import iterative_mean
+from tff_robust import arguments
 
 Weights = list[np.ndarray]
 LossFn = Union[tf.keras.losses.Loss, Callable[[], tf.keras.losses.Loss]]
@@ -143,7 +143,7 @@ class PersonalizationClient:
   def local_sgd(self, weights: Sequence[np.ndarray], dataset: tf.data.Dataset,
                 learning_rate: float) -> LocalUpdate:
     """FedAvg's client update from `weights` (the global solver of Ditto)."""
-    iterative_mean.check_positive_float('learning_rate', learning_rate)
+    arguments.check_positive_float('learning_rate', learning_rate)
     final, stats = self._run(weights, weights, dataset, learning_rate, 0.0)
     return LocalUpdate(_subtract(final, weights), stats)
 
@@ -160,9 +160,8 @@ class PersonalizationClient:
       learning_rate: η.
       lam: λ ≥ 0. For stability η(L + λ) < 2 (L: smoothness of F_k).
     """
-    iterative_mean.check_positive_float('learning_rate', learning_rate)
-    if not 0 <= lam < np.inf:
-      raise ValueError(f'Ditto lambda must be a finite number >= 0, got {lam!r}.')
+    arguments.check_positive_float('learning_rate', learning_rate)
+    arguments.check_nonnegative_float('Ditto lambda', lam)
     final, stats = self._run(personal_weights, global_weights, dataset, learning_rate,
                              lam)
     return DittoPersonalUpdate(final, stats)
@@ -186,8 +185,8 @@ class PersonalizationClient:
     """
     if personal_learning_rate is None:
       personal_learning_rate = learning_rate
-    iterative_mean.check_positive_float('learning_rate', learning_rate)
-    iterative_mean.check_positive_float('personal_learning_rate',
+    arguments.check_positive_float('learning_rate', learning_rate)
+    arguments.check_positive_float('personal_learning_rate',
                                         personal_learning_rate)
     start = _add(global_weights, personal_offset)
     # u phase: SGD on θ = w + u with w fixed, so u_τ = θ_τ − w.

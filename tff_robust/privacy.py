@@ -5,11 +5,11 @@ secure aggregates (`GeometricMedianFactory`, `GammaMeanFactory`).
 import collections
 from typing import Optional
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
+from tff_robust import arguments
 from tff_robust import iterative_mean
 from tff_robust import numerics
 from tff_robust import unit_weights
@@ -67,14 +67,12 @@ class DifferentiallyPrivateWeightedMeanFactory(unit_weights.WeightedOrUnweighted
         `tff.aggregators.SecureSumFactory(...)`; defaults to a plain sum.
 
     Raises:
+      TypeError: if `noise_multiplier` or `clip` is not a number.
       ValueError: if `noise_multiplier` < 0 or `clip` <= 0.
     """
-    if (isinstance(noise_multiplier, bool) or
-        not isinstance(noise_multiplier, (int, float)) or
-        not np.isfinite(noise_multiplier) or noise_multiplier < 0):
-      raise ValueError(
-          f'noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}.')
-    clip = iterative_mean.check_positive_float('clip', clip)
+    noise_multiplier = arguments.check_nonnegative_float('noise_multiplier',
+                                                         noise_multiplier)
+    clip = arguments.check_positive_float('clip', clip)
     query = tfp.GaussianSumQuery(l2_norm_clip=clip, stddev=clip * noise_multiplier)
     self._sum_factory = tff.aggregators.DifferentiallyPrivateFactory(
         query, record_aggregation_factory)

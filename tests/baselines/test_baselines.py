@@ -152,6 +152,16 @@ class InvalidArgumentsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, name):
       build()
 
+  @parameterized.named_parameters(
+      ('trim_string', lambda: coordinatewise.TrimmedMeanFactory('0.1'), 'trim_fraction'),
+      ('krum_float_f', lambda: krum.KrumFactory(num_byzantine=1.0), 'num_byzantine'),
+      ('krum_float_selected', lambda: krum.KrumFactory(num_byzantine=1, num_selected=2.0),
+       'num_selected'),
+  )
+  def test_argument_of_the_wrong_type_is_named(self, build, name):
+    with self.assertRaisesRegex(TypeError, name):
+      build()
+
   def test_too_many_byzantine_clients_fail_at_run_time(self):
     # n = 10 <= 2f + 2 = 10.
     proc = cases.process('krum_f4', lambda: krum.KrumFactory(num_byzantine=4))

@@ -369,7 +369,6 @@ class GeometricMedianArgumentsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ('zero_passes', dict(num_communication_passes=0), 'num_communication_passes'),
-      ('float_passes', dict(num_communication_passes=2.5), 'num_communication_passes'),
       ('zero_nu', dict(nu=0.0), 'nu'),
       ('negative_nu', dict(nu=-1e-3), 'nu'),
       ('nan_nu', dict(nu=float('nan')), 'nu'),
@@ -378,6 +377,16 @@ class GeometricMedianArgumentsTest(parameterized.TestCase):
   )
   def test_bad_argument_is_named(self, kwargs, name):
     with self.assertRaisesRegex(ValueError, name):
+      tff_robust.GeometricMedianFactory(**kwargs)
+
+  @parameterized.named_parameters(
+      ('float_passes', dict(num_communication_passes=2.5), 'num_communication_passes'),
+      ('string_nu', dict(nu='1e-6'), 'nu'),
+      # bool is an int subclass, but False is not a tolerance of 0.
+      ('bool_tolerance', dict(nu=1e-6, tolerance=False), 'tolerance'),
+  )
+  def test_argument_of_the_wrong_type_is_named(self, kwargs, name):
+    with self.assertRaisesRegex(TypeError, name):
       tff_robust.GeometricMedianFactory(**kwargs)
 
   def test_inner_factory_must_be_weighted(self):

@@ -1,0 +1,67 @@
+"""The argument checks of the factories' constructors. As in TFF's own factories, an
+argument of the wrong type raises TypeError and one of the right type but out of range
+raises ValueError; both name the argument and the value given."""
+
+import math
+from typing import Optional
+
+import numpy as np
+
+
+def _is_integer(value) -> bool:
+  return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def _is_real_number(value) -> bool:
+  return (not isinstance(value, bool) and
+          isinstance(value, (int, float, np.integer, np.floating)))
+
+
+def check_positive_int(name: str, value) -> int:
+  """`value` as an int, if it is an integer ≥ 1."""
+  if not _is_integer(value):
+    raise TypeError(f'{name} must be an integer >= 1, got {value!r}.')
+  if value < 1:
+    raise ValueError(f'{name} must be an integer >= 1, got {value!r}.')
+  return int(value)
+
+
+def check_optional_nonnegative_int(name: str, value) -> Optional[int]:
+  """None, or `value` as an int if it is an integer ≥ 0."""
+  if value is None:
+    return None
+  if not _is_integer(value):
+    raise TypeError(f'{name} must be an integer >= 0 or None, got {value!r}.')
+  if value < 0:
+    raise ValueError(f'{name} must be an integer >= 0 or None, got {value!r}.')
+  return int(value)
+
+
+def check_positive_float(name: str, value) -> float:
+  """`value` as a float, if it is a finite number > 0."""
+  if not _is_real_number(value):
+    raise TypeError(f'{name} must be a number, got {value!r}.')
+  if not math.isfinite(value) or value <= 0:
+    raise ValueError(f'{name} must be a finite number > 0, got {value!r}.')
+  return float(value)
+
+
+def check_nonnegative_float(name: str, value) -> float:
+  """`value` as a float, if it is a finite number >= 0."""
+  if not _is_real_number(value):
+    raise TypeError(f'{name} must be a number, got {value!r}.')
+  if not math.isfinite(value) or value < 0:
+    raise ValueError(f'{name} must be a finite number >= 0, got {value!r}.')
+  return float(value)
+
+
+def check_number_in(name: str, value, low: float, high: float,
+                    high_inclusive: bool) -> float:
+  """`value` as a float, if it is a number in [low, high) (or [low, high])."""
+  bracket = ']' if high_inclusive else ')'
+  if not _is_real_number(value):
+    raise TypeError(f'{name} must be a number in [{low}, {high}{bracket}, got {value!r}.')
+  inside = low <= value <= high if high_inclusive else low <= value < high
+  if not inside:  # NaN is never inside.
+    raise ValueError(f'{name} must be in [{low}, {high}{bracket}, got {value!r}.')
+  return float(value)
