@@ -15,7 +15,6 @@ times FedAvg's communication.)
 
 import collections
 
-import numpy as np
 import tensorflow as tf
 
 from baselines import gather
@@ -92,9 +91,7 @@ class BucketingFactory(gather.GatheringAggregationFactory):
           'gathered_gm.')
     self._inner = inner
     self._bucket_size = arguments.check_positive_int('bucket_size', bucket_size)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-      raise TypeError(f'seed must be an integer, got {seed!r}.')
-    self._seed = int(seed)
+    self._seed = arguments.check_int('seed', seed)
 
   inner = property(lambda self: self._inner, doc='The aggregator of the bucket means.')
   bucket_size = property(lambda self: self._bucket_size, doc='s, clients per bucket.')

@@ -145,6 +145,10 @@ def gathering_steps(value_type, weight_type, capacity: Optional[int] = None):
   one copy of it per further client: memory is quadratic again in the m = n −
   `capacity` overflow rows, O(n·p + m²·p). `merge` (not called by TFF's local runtime;
   a composing runtime calls it once per worker) stacks both sides, one copy of each.
+
+  Raises:
+    TypeError: if `capacity` is not an integer.
+    ValueError: if `capacity` < 1.
   """
   capacity = arguments.check_positive_int(
       'capacity', LINEAR_CAPACITY if capacity is None else capacity)

@@ -107,17 +107,12 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
 
     Raises:
       TypeError: if R is not an integer, or ν or `tolerance` not a number.
-      ValueError: if R < 1, ν <= 0, `tolerance` is not in [0, 1) or comes without
-        `nu`, or `initial_point` is unknown.
+      ValueError: if R < 1, ν is not a finite number > 0, `tolerance` is not in
+        [0, 1) or comes without `nu`, or `initial_point` is unknown.
     """
     self._num_passes = arguments.check_positive_int(
         'num_communication_passes', num_communication_passes)
-    geometric_median.check_tolerance_meaning(nu, tolerance)
-    nu = geometric_median.DEFAULT_NU if nu is None else nu
-    tolerance = geometric_median.DEFAULT_TOLERANCE if tolerance is None else tolerance
-    self._nu = arguments.check_positive_float('nu', nu)
-    self._tolerance = arguments.check_number_in('tolerance', tolerance, 0, 1,
-                                                high_inclusive=False)
+    self._nu, self._tolerance = geometric_median.check_nu_and_tolerance(nu, tolerance)
     if initial_point not in INITIAL_POINTS:
       raise ValueError(
           f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')

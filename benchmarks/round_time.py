@@ -19,7 +19,6 @@ import numpy as np
 import tensorflow_federated as tff
 
 from tasks import builders
-from tasks import registry
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 import tff_robust
@@ -63,7 +62,7 @@ def main(argv):
   task = builders.build_task(
       'emnist', _MODEL.value, source='bundled',
       client_spec=builders.ClientSpec(num_epochs=_EPOCHS.value, batch_size=50,
-                                   max_elements=_MAX_ELEMENTS.value))
+                                      max_elements=_MAX_ELEMENTS.value))
   processes = build_processes(task, _AGGREGATORS.value)
   states = {name: p.initialize() for name, p in processes.items()}
   seconds = collections.defaultdict(list)

@@ -171,10 +171,10 @@ def aggregator_from_name(
   `build_weighted_fed_avg` and `build_unweighted_fed_avg` alike.
 
   Raises:
-    ValueError: for an unknown name (the message lists the known ones) or invalid
-      arguments.
-    TypeError: for arguments a factory does not take, or a wrapper that cannot wrap
-      the aggregator.
+    ValueError: for an unknown name (the message lists the known ones) or an
+      argument out of range.
+    TypeError: for arguments a factory does not take or of the wrong type, or a
+      wrapper that cannot wrap the aggregator.
   """
   wrappers, base = split_name(name)
   if wrappers and wrappers[-1] in _GATHERING_WRAPPERS:

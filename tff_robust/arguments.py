@@ -37,31 +37,55 @@ def check_optional_nonnegative_int(name: str, value) -> Optional[int]:
   return int(value)
 
 
-def check_positive_float(name: str, value) -> float:
-  """`value` as a float, if it is a finite number > 0."""
+def check_int(name: str, value) -> int:
+  """`value` as an int, if it is an integer (of any sign)."""
+  if not _is_integer(value):
+    raise TypeError(f'{name} must be an integer, got {value!r}.')
+  return int(value)
+
+
+def _as_float(name: str, value, requirement: str) -> float:
+  """`value` as a float (TypeError if it is not a real number); an integer beyond the
+  float range is out of range, as is infinity."""
   if not _is_real_number(value):
     raise TypeError(f'{name} must be a number, got {value!r}.')
-  if not math.isfinite(value) or value <= 0:
+  try:
+    return float(value)
+  except OverflowError:  # e.g. 10**400
+    raise ValueError(f'{name} must be {requirement}, got {value!r}.') from None
+
+
+def check_finite_float(name: str, value) -> float:
+  """`value` as a float, if it is a finite number."""
+  number = _as_float(name, value, 'a finite number')
+  if not math.isfinite(number):
+    raise ValueError(f'{name} must be a finite number, got {value!r}.')
+  return number
+
+
+def check_positive_float(name: str, value) -> float:
+  """`value` as a float, if it is a finite number > 0."""
+  number = _as_float(name, value, 'a finite number > 0')
+  if not math.isfinite(number) or number <= 0:
     raise ValueError(f'{name} must be a finite number > 0, got {value!r}.')
-  return float(value)
+  return number
 
 
 def check_nonnegative_float(name: str, value) -> float:
   """`value` as a float, if it is a finite number >= 0."""
-  if not _is_real_number(value):
-    raise TypeError(f'{name} must be a number, got {value!r}.')
-  if not math.isfinite(value) or value < 0:
+  number = _as_float(name, value, 'a finite number >= 0')
+  if not math.isfinite(number) or number < 0:
     raise ValueError(f'{name} must be a finite number >= 0, got {value!r}.')
-  return float(value)
+  return number
 
 
 def check_number_in(name: str, value, low: float, high: float,
                     high_inclusive: bool) -> float:
   """`value` as a float, if it is a number in [low, high) (or [low, high])."""
   bracket = ']' if high_inclusive else ')'
-  if not _is_real_number(value):
-    raise TypeError(f'{name} must be a number in [{low}, {high}{bracket}, got {value!r}.')
-  inside = low <= value <= high if high_inclusive else low <= value < high
+  requirement = f'in [{low}, {high}{bracket}'
+  number = _as_float(name, value, requirement)
+  inside = low <= number <= high if high_inclusive else low <= number < high
   if not inside:  # NaN is never inside.
-    raise ValueError(f'{name} must be in [{low}, {high}{bracket}, got {value!r}.')
-  return float(value)
+    raise ValueError(f'{name} must be {requirement}, got {value!r}.')
+  return number

@@ -38,7 +38,6 @@ demos, one big machine). On several machines, start one worker per machine
 
 import contextlib
 import ctypes
-import math
 import os
 import signal
 import subprocess
@@ -266,21 +265,23 @@ class DistributedContext(tff.framework.SyncContext):
         before `WorkerError`; finite, > 0.
 
     Raises:
+      TypeError: for a limit of the wrong type (e.g. a float `max_message_bytes`).
       ValueError: for bad addresses or limits.
       WorkerError: naming a worker not reachable within `connect_timeout`.
     """
     self.addresses = parse_addresses(addresses)
-    if not 0 < int(max_message_bytes) < 2**31:
-      raise ValueError(f'max_message_bytes must be in (0, 2^31), got {max_message_bytes}.')
-    for name, value in (('connect_timeout', connect_timeout),
-                        ('unavailable_timeout', unavailable_timeout)):
-      if not 0 < value < math.inf:  # An infinite wait would hang a round for good.
-        raise ValueError(f'{name} must be a finite number of seconds > 0, got '
-                         f'{value!r}.')
+    max_message_bytes = arguments.check_positive_int('max_message_bytes',
+                                                     max_message_bytes)
+    if max_message_bytes >= 2**31:  # gRPC's limit is a signed 32-bit length.
+      raise ValueError(f'max_message_bytes must be < 2^31, got {max_message_bytes}.')
+    # Finite: an infinite wait would hang a round for good.
+    connect_timeout = arguments.check_positive_float('connect_timeout', connect_timeout)
+    unavailable_timeout = arguments.check_positive_float('unavailable_timeout',
+                                                         unavailable_timeout)
     self._workers = []
     try:
       for address in self.addresses:
-        self._workers.append(_WorkerContext(address, int(max_message_bytes),
+        self._workers.append(_WorkerContext(address, max_message_bytes,
                                             connect_timeout, unavailable_timeout))
     except BaseException:
       self.close()
@@ -359,9 +360,11 @@ class LocalWorkers:
     self._requested = num_workers
     self._host = host
     self._ports = list(ports) if ports is not None else None
-    self._max_megabytes = int(max_message_megabytes)
+    self._max_megabytes = arguments.check_positive_int('max_message_megabytes',
+                                                       max_message_megabytes)
     self._log_dir = log_dir
-    self._startup_timeout = startup_timeout
+    self._startup_timeout = arguments.check_positive_float('startup_timeout',
+                                                           startup_timeout)
     self._processes: list[Optional[subprocess.Popen]] = []
     self._logs: list[str] = []
 

@@ -23,15 +23,25 @@ DEFAULT_NU = 1e-6  # Paper D.2.3.
 DEFAULT_TOLERANCE = 1e-6
 
 
-def check_tolerance_meaning(nu, tolerance) -> None:
-  """Raises a ValueError for `tolerance` > 0 given without `nu`.
+def check_nu_and_tolerance(nu, tolerance) -> tuple[float, float]:
+  """(ν, tolerance) of a smoothed Weiszfeld factory, None meaning the defaults.
 
-  In google-research/federated's `robust_aggregation` (the original TFF RFA),
+  ν must be a finite number > 0 and `tolerance` a number in [0, 1); and a positive
+  `tolerance` without `nu` is refused. In google-research/federated's `robust_aggregation` (the original TFF RFA),
   `tolerance` is the smoothing ν; here ν is `nu` and `tolerance` an early-stop
   threshold. Code written for the original passes its ν as `tolerance` and no `nu`:
   it would silently get ν = 1e-6 and an early stop. Giving both states which is
   meant; `tolerance=0` (every pass applied) has no ν reading and passes alone.
+
+  Raises:
+    TypeError: if `nu` or `tolerance` is not a number.
+    ValueError: if one is out of range, or `tolerance` > 0 comes without `nu`.
   """
+  if nu is not None:
+    nu = arguments.check_positive_float('nu', nu)
+  if tolerance is not None:
+    tolerance = arguments.check_number_in('tolerance', tolerance, 0, 1,
+                                          high_inclusive=False)
   if nu is None and tolerance is not None and tolerance != 0:
     raise ValueError(
         f'tolerance={tolerance!r} without nu: here `tolerance` is the early-stop '
@@ -41,6 +51,8 @@ def check_tolerance_meaning(nu, tolerance) -> None:
         'tff_robust.original_rfa.RobustWeiszfeldFactory(num_communication_passes, '
         "tolerance) for the original's meaning (ν = tolerance, weighted-mean start, "
         'no early stop).')
+  return (DEFAULT_NU if nu is None else nu,
+          DEFAULT_TOLERANCE if tolerance is None else tolerance)
 
 
 def smoothed_norm(distance, nu):
@@ -167,7 +179,7 @@ class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
         estimate is frozen (see the class docstring); 0 applies every pass; None
         means 1e-6 (`DEFAULT_TOLERANCE`). NOT the `tolerance` of google-research/
         federated's `robust_aggregation`, which is ν: a positive `tolerance` without
-        `nu` raises (see `check_tolerance_meaning`);
+        `nu` raises (see `check_nu_and_tolerance`);
         `tff_robust.original_rfa.RobustWeiszfeldFactory` takes the original's
         arguments with the original's meaning.
       inner_mean_factory: the weighted mean each pass goes through. Defaults to
@@ -184,20 +196,16 @@ class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
         with Σβ.
 
     Raises:
-      ValueError: if `num_communication_passes` < 1, `nu` <= 0, `tolerance` < 0,
-        a positive `tolerance` comes without `nu`, or `initial_point` is unknown.
+      ValueError: if `num_communication_passes` < 1, `nu` is not a finite number > 0,
+        `tolerance` not in [0, 1), a positive `tolerance` comes without `nu`, or
+        `initial_point` is unknown.
       TypeError: for arguments of the wrong type (e.g. a float
         `num_communication_passes`), including an `inner_mean_factory` that is not
         a weighted aggregation factory.
     """
     self._num_passes = arguments.check_positive_int(
         'num_communication_passes', num_communication_passes)
-    check_tolerance_meaning(nu, tolerance)
-    nu = DEFAULT_NU if nu is None else nu
-    tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance
-    self._nu = arguments.check_positive_float('nu', nu)
-    self._tolerance = arguments.check_number_in('tolerance', tolerance, 0, 1,
-                                                high_inclusive=False)
+    self._nu, self._tolerance = check_nu_and_tolerance(nu, tolerance)
     self._inner = (iterative_mean.Float32MeanFactory() if inner_mean_factory is None
                    else iterative_mean.check_inner_mean_factory(inner_mean_factory))
     if initial_point not in INITIAL_POINTS:

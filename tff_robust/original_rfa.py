@@ -45,13 +45,15 @@ class RobustWeiszfeldFactory(geometric_median.GeometricMedianFactory):
       tolerance: the smoothing ν > 0 (the original's meaning), default 1e-6.
 
     Raises:
-      TypeError: if `num_communication_passes` is not an int (as the original).
-      ValueError: if `num_communication_passes` < 1 or `tolerance` <= 0.
+      TypeError: if `num_communication_passes` is not a Python int (as the
+        original; numpy integers too) or `tolerance` not a number.
+      ValueError: if `num_communication_passes` < 1 or `tolerance` is not a finite
+        number > 0.
     """
     if isinstance(num_communication_passes, bool) or not isinstance(
         num_communication_passes, int):
-      raise TypeError(
-          f'Expected `int`, found {type(num_communication_passes)}.')
+      raise TypeError('num_communication_passes must be a Python int (as in the '
+                      f'original), found {type(num_communication_passes)}.')
     super().__init__(num_communication_passes=num_communication_passes,
                      nu=tolerance, tolerance=0.0, initial_point='mean')
 

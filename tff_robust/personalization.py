@@ -101,7 +101,9 @@ class PersonalizationClient:
   """The client computations of Ditto and personalized RFA on one reused Keras model.
 
   Datasets yield `(x, y)` batches; every batch is one SGD step on the mean batch loss.
-  To run exactly s steps, pass e.g. `dataset.repeat().take(s)`.
+  To run exactly s steps, pass e.g. `dataset.repeat().take(s)`. Every update raises a
+  TypeError for a learning rate or λ that is not a number, and a ValueError for a
+  learning rate that is not finite and > 0 or a λ that is not finite and >= 0.
 
   Example (one selected Ditto client):
 
@@ -186,8 +188,7 @@ class PersonalizationClient:
     if personal_learning_rate is None:
       personal_learning_rate = learning_rate
     arguments.check_positive_float('learning_rate', learning_rate)
-    arguments.check_positive_float('personal_learning_rate',
-                                        personal_learning_rate)
+    arguments.check_positive_float('personal_learning_rate', personal_learning_rate)
     start = _add(global_weights, personal_offset)
     # u phase: SGD on θ = w + u with w fixed, so u_τ = θ_τ − w.
     theta_u, personal_stats = self._run(start, start, personal_dataset,

@@ -28,6 +28,7 @@ from tasks.builders import builder_utils
 from tasks.builders import data_utils
 from tasks.builders import models
 from tasks.builders import task as task_lib
+from tff_robust import arguments
 
 MODELS = ('linear', 'cnn', 'small_cnn')
 _MODEL_BUILDERS = {'linear': 'emnist_linear', 'cnn': 'emnist_cnn',
@@ -119,14 +120,13 @@ def dirichlet_label_skew(labels: np.ndarray, num_clients: int, concentration: fl
 def bundled_client_data(seed: int = 0, num_clients: int = BUNDLED_NUM_CLIENTS,
                         concentration: float = BUNDLED_CONCENTRATION):
   """Train and test `ArrayClientData` of the bundled digits (see module docstring)."""
-  if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or (
-      not 1 <= num_clients <= _MAX_BUNDLED_CLIENTS):
+  if not 1 <= arguments.check_int('bundled_num_clients', num_clients) <= (
+      _MAX_BUNDLED_CLIENTS):
     raise ValueError(f'bundled_num_clients must be an integer in [1, '
                      f'{_MAX_BUNDLED_CLIENTS}] (each client needs '
                      f'{BUNDLED_MIN_EXAMPLES} of the 5,000 digits), got {num_clients!r}.')
-  if not concentration > 0 or not np.isfinite(concentration):
-    raise ValueError('bundled_concentration must be a positive, finite Dirichlet '
-                     f'concentration, got {concentration!r}.')
+  # The Dirichlet concentration of the label skew.
+  arguments.check_positive_float('bundled_concentration', concentration)
   images, labels = load_mnist_5k()
   parts = dirichlet_label_skew(labels, num_clients, concentration,
                                BUNDLED_MIN_EXAMPLES, seed)

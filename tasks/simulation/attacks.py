@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_robust import arguments
+
 NO_ATTACK = 'none'
 UPDATE_ATTACKS: dict[str, type['UpdateAttack']] = {}
 
@@ -555,33 +557,22 @@ def _choice(name: str, value, known: Sequence[str]) -> str:
   return value
 
 
+# TypeError for a parameter of the wrong type, ValueError out of range, as the
+# aggregators' arguments (`tff_robust.arguments`).
 def _positive(name: str, value) -> float:
-  value = _finite(name, value)
-  if not value > 0:
-    raise ValueError(f'The attack parameter {name} must be > 0, got {value!r}.')
-  return value
+  return arguments.check_positive_float(f'The attack parameter {name}', value)
 
 
 def _non_negative(name: str, value) -> float:
-  value = _finite(name, value)
-  if value < 0:
-    raise ValueError(f'The attack parameter {name} must be >= 0, got {value!r}.')
-  return value
+  return arguments.check_nonnegative_float(f'The attack parameter {name}', value)
 
 
 def _positive_int(name: str, value) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f'The attack parameter {name} must be an integer >= 1, got '
-                     f'{value!r}.')
-  return int(value)
+  return arguments.check_positive_int(f'The attack parameter {name}', value)
 
 
 def _finite(name: str, value) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or (
-      not np.isfinite(value)):
-    raise ValueError(f'The attack parameter {name} must be a finite number, got '
-                     f'{value!r}.')
-  return float(value)
+  return arguments.check_finite_float(f'The attack parameter {name}', value)
 
 
 def known_attacks(data_attacks: Sequence[str] = ()) -> tuple[str, ...]:

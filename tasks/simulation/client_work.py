@@ -33,6 +33,7 @@ import tensorflow_federated as tff
 from tasks.builders import data_utils
 from tasks.builders import task as task_lib
 from tasks.simulation import evaluation
+from tff_robust import arguments
 from tff_robust import personalization
 
 Metrics = collections.OrderedDict
@@ -158,14 +159,12 @@ class _PersonalizedClientWork:
 
   def __init__(self, task: task_lib.Task, personal_steps: Optional[int],
                personal_learning_rate: Optional[float]):
-    if personal_steps is not None and personal_steps < 1:
-      raise ValueError(f'personal_steps must be >= 1 or None, got {personal_steps!r}.')
-    if personal_learning_rate is not None and not personal_learning_rate > 0:
-      raise ValueError('personal_learning_rate must be > 0, got '
-                       f'{personal_learning_rate!r}.')
     self._task = task
-    self._personal_steps = personal_steps
-    self._personal_learning_rate = personal_learning_rate
+    self._personal_steps = (None if personal_steps is None else
+                            arguments.check_positive_int('personal_steps', personal_steps))
+    self._personal_learning_rate = (
+        None if personal_learning_rate is None else
+        arguments.check_positive_float('personal_learning_rate', personal_learning_rate))
     self._client = personalization.PersonalizationClient(task.keras_model_fn,
                                                          task.loss_fn)
     variables = self._client.keras_model.trainable_variables
@@ -253,10 +252,8 @@ class DittoClientWork(_PersonalizedClientWork):
         preprocessed data.
       personal_learning_rate: η; default the round's client learning rate.
     """
-    if not ditto_lambda >= 0:
-      raise ValueError(f'ditto_lambda must be >= 0, got {ditto_lambda!r}.')
+    self._lambda = arguments.check_nonnegative_float('ditto_lambda', ditto_lambda)
     super().__init__(task, personal_steps, personal_learning_rate)
-    self._lambda = float(ditto_lambda)
 
   def _client_update(self, global_weights, personal, shared_data, personal_data,
                      learning_rate, personal_rate):
@@ -323,11 +320,9 @@ class WorkerMomentumClientWork:
       task: The benchmark (for the model's variable shapes).
       momentum: β in [0, 1); 0 sends Δ_i itself.
     """
-    if isinstance(momentum, bool) or not isinstance(
-        momentum, (int, float, np.number)) or not 0.0 <= momentum < 1.0:
-      raise ValueError(f'worker_momentum must be in [0, 1), got {momentum!r}.')
     self._inner = inner
-    self._beta = float(momentum)
+    self._beta = arguments.check_number_in('worker_momentum', momentum, 0, 1,
+                                           high_inclusive=False)
     variables = task.keras_model_fn().trainable_variables
     self._shapes = [tuple(v.shape) for v in variables]
     self._dtypes = [v.dtype.as_numpy_dtype for v in variables]

@@ -86,6 +86,8 @@ class BucketingTest(parameterized.TestCase):
       bucketing.BucketingFactory(geometric_median.GeometricMedianFactory())
     with self.assertRaisesRegex(ValueError, 'bucket_size'):
       bucketing.BucketingFactory(coordinatewise.CoordinateWiseMedianFactory(), 0)
+    with self.assertRaisesRegex(TypeError, 'bucket_size must be an integer'):
+      bucketing.BucketingFactory(coordinatewise.CoordinateWiseMedianFactory(), 2.0)
     for seed in ('a', 1.5, True):
       with self.assertRaisesRegex(TypeError, f'seed must be an integer, got {seed!r}'):
         bucketing.BucketingFactory(coordinatewise.CoordinateWiseMedianFactory(),

@@ -159,6 +159,17 @@ class GatheredGeometricMedianTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, message):
       geometric_median.GatheredGeometricMedianFactory(**kwargs)
 
+  @parameterized.named_parameters(
+      ('bool_tolerance', dict(nu=1e-6, tolerance=False)),
+      # A type error first, not the "without nu" reading of a positive tolerance.
+      ('string_tolerance_without_nu', dict(tolerance='1e-6')))
+  def test_tolerance_of_the_wrong_type(self, kwargs):
+    with self.assertRaisesRegex(TypeError, 'tolerance must be a number'):
+      geometric_median.GatheredGeometricMedianFactory(**kwargs)
+
+  def test_numpy_tolerance_is_accepted(self):
+    geometric_median.GatheredGeometricMedianFactory(nu=1e-6, tolerance=np.float32(1e-5))
+
 
 class WrappedByNameTest(parameterized.TestCase):
 

@@ -221,6 +221,17 @@ def test_arguments_are_validated():
     distributed.LocalWorkers(0)
   with pytest.raises(ValueError, match='ports'):
     distributed.LocalWorkers(2, ports=[1])
+  for name, kwargs in (('num_workers', dict(num_workers=2.0)),
+                       ('startup_timeout', dict(num_workers=1, startup_timeout='9')),
+                       ('max_message_megabytes',
+                        dict(num_workers=1, max_message_megabytes=1.5))):
+    with pytest.raises(TypeError, match=f'{name} must be'):
+      distributed.LocalWorkers(**kwargs)
+  # Checked before any worker is dialled (this port is closed).
+  with pytest.raises(TypeError, match='max_message_bytes must be an integer'):
+    distributed.DistributedContext(['127.0.0.1:1'], max_message_bytes=1e6)
+  with pytest.raises(ValueError, match='max_message_bytes must be < 2'):
+    distributed.DistributedContext(['127.0.0.1:1'], max_message_bytes=2**31)
   with pytest.raises(TypeError, match='aggregation factory'):
     passwise.PasswiseFactory(object())
   with pytest.raises(distributed.WorkerError, match='127.0.0.1:1'):
@@ -228,10 +239,12 @@ def test_arguments_are_validated():
 
 
 @pytest.mark.parametrize('name', ['connect_timeout', 'unavailable_timeout'])
-@pytest.mark.parametrize('value', [0.0, -1.0, float('inf'), float('nan')])
-def test_timeouts_must_be_finite_and_positive(name, value):
-  # A ValueError, not the WorkerError that dialling this closed port would raise.
-  with pytest.raises(ValueError, match=f'{name} must be a finite number'):
+@pytest.mark.parametrize('value, error', [
+    (0.0, ValueError), (-1.0, ValueError), (float('inf'), ValueError),
+    (float('nan'), ValueError), ('5', TypeError), (True, TypeError)])
+def test_timeouts_must_be_finite_positive_numbers(name, value, error):
+  # Not the WorkerError that dialling this closed port would raise.
+  with pytest.raises(error, match=f'{name} must be a'):
     distributed.DistributedContext(['127.0.0.1:1'], **{name: value})
 
 

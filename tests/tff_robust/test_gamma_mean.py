@@ -158,6 +158,14 @@ class InvalidArgumentsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, name):
       GammaMeanFactory(**kwargs)
 
+  @parameterized.named_parameters(
+      ('float_iterations', dict(num_iterations=2.0), 'num_iterations'),
+      ('string_gamma', dict(gamma='0.1'), 'gamma'),
+  )
+  def test_argument_of_the_wrong_type_is_named(self, kwargs, name):
+    with self.assertRaisesRegex(TypeError, name):
+      GammaMeanFactory(**kwargs)
+
 
 class SecureSumCompositionTest(cases.SecureSumContextMixin, parameterized.TestCase):
 

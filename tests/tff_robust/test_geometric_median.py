@@ -384,6 +384,8 @@ class GeometricMedianArgumentsTest(parameterized.TestCase):
       ('string_nu', dict(nu='1e-6'), 'nu'),
       # bool is an int subclass, but False is not a tolerance of 0.
       ('bool_tolerance', dict(nu=1e-6, tolerance=False), 'tolerance'),
+      # A type error first, not the "without nu" reading of a positive tolerance.
+      ('bool_tolerance_without_nu', dict(tolerance=True), 'tolerance'),
   )
   def test_argument_of_the_wrong_type_is_named(self, kwargs, name):
     with self.assertRaisesRegex(TypeError, name):

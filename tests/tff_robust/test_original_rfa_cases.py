@@ -190,7 +190,7 @@ class ToleranceMeaningTest(parameterized.TestCase):
                                                   tolerance=1e-4)
     self.assertEqual((factory.num_communication_passes, factory.nu, factory.tolerance,
                       factory.initial_point), (3, 1e-4, 0.0, 'mean'))
-    with self.assertRaises(TypeError):
+    with self.assertRaisesRegex(TypeError, 'num_communication_passes must be a Python int'):
       original_rfa.RobustWeiszfeldFactory(num_communication_passes=3.0)
     with self.assertRaises(ValueError):
       original_rfa.RobustWeiszfeldFactory(num_communication_passes=0)

@@ -93,11 +93,12 @@ class PersonalizationClientTest(tf.test.TestCase, parameterized.TestCase):
                                                0.5 / lam, lam)
     ls.assert_weights_close(self, update.personal_weights, w, atol=1e-4)
 
-  @parameterized.parameters(-1.0, np.nan, np.inf)
-  def test_rejects_impossible_lambda(self, lam):
+  @parameterized.parameters((-1.0, ValueError), (np.nan, ValueError),
+                            (np.inf, ValueError), (True, TypeError), ('1', TypeError))
+  def test_rejects_impossible_lambda(self, lam, error):
     w = ls.random_params(np.random.default_rng(7))
     x, y = self.clients['client_0']
-    with self.assertRaisesRegex(ValueError, 'lambda must be a finite number >= 0'):
+    with self.assertRaisesRegex(error, 'lambda must be a'):
       self.client.ditto_personal_update(w, w, ls.full_batch(x, y), 0.1, lam)
 
   @parameterized.product(rate=[0.0, -0.1, np.nan, np.inf],

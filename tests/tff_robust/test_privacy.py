@@ -236,6 +236,18 @@ class DifferentiallyPrivateInnerMeanTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, name):
       tff_robust.DifferentiallyPrivateWeightedMeanFactory(**kwargs)
 
+  @parameterized.named_parameters(
+      ('string_noise', dict(noise_multiplier='1', clip=1.0), 'noise_multiplier'),
+      ('bool_clip', dict(noise_multiplier=1.0, clip=True), 'clip'),
+  )
+  def test_argument_of_the_wrong_type_is_named(self, kwargs, name):
+    with self.assertRaisesRegex(TypeError, name):
+      tff_robust.DifferentiallyPrivateWeightedMeanFactory(**kwargs)
+
+  def test_numpy_scalars_are_accepted(self):
+    tff_robust.DifferentiallyPrivateWeightedMeanFactory(
+        noise_multiplier=np.float32(0.5), clip=np.float64(1.0))
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -227,10 +227,12 @@ class BundledSourcesTest(parameterized.TestCase, tf.test.TestCase):
         'emnist', 'linear', 'bundled', bundled_num_clients=emnist.BUNDLED_NUM_CLIENTS,
         bundled_concentration=emnist.BUNDLED_CONCENTRATION).client_weights)
 
-  @parameterized.parameters((0, 0.5), (251, 0.5), (2.5, 0.5), (True, 0.5), (25, 0.0),
-                            (25, float('nan')), (25, -1.0))
-  def test_emnist_bundled_partition_rejects(self, num_clients, concentration):
-    with self.assertRaisesRegex(ValueError, 'bundled_'):
+  @parameterized.parameters((0, 0.5, ValueError), (251, 0.5, ValueError),
+                            (2.5, 0.5, TypeError), (True, 0.5, TypeError),
+                            (25, 0.0, ValueError), (25, float('nan'), ValueError),
+                            (25, -1.0, ValueError), (25, '0.5', TypeError))
+  def test_emnist_bundled_partition_rejects(self, num_clients, concentration, error):
+    with self.assertRaisesRegex(error, 'bundled_'):
       builders.build_task('emnist', 'linear', 'bundled', bundled_num_clients=num_clients,
                           bundled_concentration=concentration)
 

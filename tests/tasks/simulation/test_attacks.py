@@ -465,17 +465,25 @@ class AdaptiveUpdateAttacksTest(parameterized.TestCase):
 
   @parameterized.parameters(
       ('min_max', dict(perturbation='noise'), 'perturbation must be one of'),
-      ('min_max', dict(gamma_init=0.0), 'gamma_init must be > 0'),
-      ('min_sum', dict(threshold=-1.0), 'threshold must be > 0'),
+      ('min_max', dict(gamma_init=0.0), 'gamma_init must be a finite number > 0'),
+      ('min_sum', dict(threshold=-1.0), 'threshold must be a finite number > 0'),
       ('min_sum', dict(bound='median'), 'bound must be one of max, min'),
       ('optimal_alie', dict(aggregator='krum'), 'aggregator must be one of'),
       ('optimal_ipm', dict(evaluations=0), 'evaluations must be an integer'),
       ('optimal_ipm', dict(ratio=0.5), r'ratio must be in \(0.5, 1\)'),
-      ('optimal_alie', dict(start=-1.0), 'start must be >= 0'),
-      ('model_replacement', dict(boost=0.0), 'boost must be > 0'),
+      ('optimal_alie', dict(start=-1.0), 'start must be a finite number >= 0'),
+      ('model_replacement', dict(boost=0.0), 'boost must be a finite number > 0'),
       ('model_replacement', dict(target_update=[[1.0]]), 'target_update must be'))
   def test_bad_parameters_are_named(self, attack, params, message):
     with self.assertRaisesRegex(ValueError, message):
+      attacks.build_update_attack(attack, **params)
+
+  @parameterized.parameters(
+      ('alie', dict(z='1.0'), 'z must be a number'),
+      ('optimal_ipm', dict(evaluations=8.0), 'evaluations must be an integer'),
+      ('min_max', dict(gamma_init=True), 'gamma_init must be a number'))
+  def test_parameters_of_the_wrong_type_are_named(self, attack, params, message):
+    with self.assertRaisesRegex(TypeError, f'The attack parameter {message}'):
       attacks.build_update_attack(attack, **params)
 
 

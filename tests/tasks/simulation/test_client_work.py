@@ -93,6 +93,11 @@ class PersonalizedClientWorkTest(tf.test.TestCase, parameterized.TestCase):
       client_work.DittoClientWork(self.task, ditto_lambda=-1.0)
     with self.assertRaisesRegex(ValueError, 'personal_steps'):
       client_work.DittoClientWork(self.task, personal_steps=0)
+    # Refused here, not in the first round's personal update.
+    with self.assertRaisesRegex(ValueError, 'ditto_lambda must be a finite number'):
+      client_work.DittoClientWork(self.task, ditto_lambda=float('inf'))
+    with self.assertRaisesRegex(TypeError, 'personal_steps must be an integer'):
+      client_work.DittoClientWork(self.task, personal_steps=2.5)
 
   def test_client_statistics(self):
     results = [dict(accuracy=a, loss=1.0, num_examples=5)
@@ -193,9 +198,14 @@ class WorkerMomentumTest(tf.test.TestCase, parameterized.TestCase):
     simulation = self._simulation(name, aggregator='centered_clipping')
     _assert_checkpoint_resumes(simulation, 2, _momentum_comparable)
 
-  @parameterized.parameters(1.0, -0.1, float('nan'), True)
+  @parameterized.parameters(1.0, -0.1, float('nan'))
   def test_rejects_bad_momentum(self, beta):
     with self.assertRaisesRegex(ValueError, 'worker_momentum must be in'):
+      client_work.client_work_from_name('fedavg', self.task, worker_momentum=beta)
+
+  @parameterized.parameters(True, '0.9')
+  def test_rejects_momentum_that_is_not_a_number(self, beta):
+    with self.assertRaisesRegex(TypeError, 'worker_momentum must be a number'):
       client_work.client_work_from_name('fedavg', self.task, worker_momentum=beta)
 
 
