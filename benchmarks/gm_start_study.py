@@ -19,7 +19,9 @@ choice: the start with the best worst case among those whose clean accuracy is w
   .venv/bin/python -m benchmarks.gm_start_study --seeds=0,1,2 --rhos=0,0.25
 
 Every run is a sweep run (`tasks.simulation.sweep`) in `<output_dir>/<start>/`: a
-restarted study skips finished runs. It takes the sweep binary's flags.
+restarted study skips finished runs. It takes the sweep binary's flags. The page goes
+to `<output_dir>/study.md` and, with `--results_markdown`, to a file to commit (the
+README's table is `results/gm_start_study.md` and `results/gm_start_study_rho0.1.md`).
 """
 
 import math
@@ -50,6 +52,12 @@ _STARTS = flags.DEFINE_list('starts', list(geometric_median.INITIAL_POINTS),
 _CLEAN_MARGIN = flags.DEFINE_float(
     'clean_margin', 0.5, 'Points of clean accuracy a start may lose to the best clean '
     'start and still be chosen.')
+flags.DEFINE_string('results_markdown', '', 'Also write the page here (e.g. '
+                    'results/gm_start_study.md), headed by the command that made it.')
+flag_groups.validate_output_paths(files=['results_markdown'])
+# Where the runs go and how progress shows do not change the page.
+_LOCAL_FLAGS = ('--output_dir', '--results_markdown', '--progress', '--noprogress',
+                '--checkpoint_period')
 flags.register_validator(
     'starts', lambda v: bool(v) and set(v) <= set(geometric_median.INITIAL_POINTS),
     message=f'--starts must be a subset of {geometric_median.INITIAL_POINTS}.')
@@ -126,6 +134,11 @@ def main(argv):
           + table + '\n' + decision + '\n')
   with open(os.path.join(FLAGS.output_dir, 'study.md'), 'w') as f:
     f.write(page)
+  if FLAGS.results_markdown:
+    command = flag_groups.quoted_command('benchmarks.gm_start_study', _LOCAL_FLAGS)
+    os.makedirs(os.path.dirname(FLAGS.results_markdown) or '.', exist_ok=True)
+    with open(FLAGS.results_markdown, 'w') as f:
+      f.write(f'<!-- Written by `{command}`; rerun it to update. -->\n\n{page}')
   print(page)
   print(f'Study finished in {(time.time() - started) / 60:.1f} minutes; runs in '
         f'{FLAGS.output_dir}.', file=sys.stderr)
