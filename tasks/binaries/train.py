@@ -77,7 +77,7 @@ flag_groups.define('integer', 'seed', 0, 'Seeds the model initialization, the '
 flags.DEFINE_list('workers', [], 'host:port of TFF worker_binary processes to spread '
                   'each round\'s clients over (training and every secure average); '
                   'empty: run in this process. Start one with `python -m '
-                  'tff_robust.distributed --port=N` (README, "Several machines").')
+                  'tff_robust.distributed --port=N` (README, "Several workers and machines").')
 flags.DEFINE_float('worker_connect_timeout',
                    distributed.DEFAULT_CONNECT_TIMEOUT_SECONDS, 'Seconds to wait at '
                    'start for each of --workers to accept connections before exiting '
