@@ -24,13 +24,13 @@ to `<output_dir>/study.md` and, with `--results_markdown`, to a file to commit (
 README's table is `results/gm_start_study.md` and `results/gm_start_study_rho0.1.md`).
 """
 
-import math
 import os
 import sys
 import time
 
 from absl import flags
 
+from benchmarks import gm_start_report
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import sweep
@@ -75,45 +75,6 @@ def spec_for_start(start: str) -> sweep.SweepSpec:
   return spec
 
 
-def study_table(summaries: dict, clean_margin: float) -> tuple[str, str]:
-  """(markdown table, decision) from {start: sweep summary rows}."""
-  any_rows = next(iter(summaries.values()))
-  attacked = list(dict.fromkeys((r['attack'], r['rho']) for r in any_rows
-                                if r['rho'] > 0))
-  has_clean = any(r['rho'] == 0 for r in any_rows)
-  header = ['initial_point'] + (['clean ρ=0'] if has_clean else []) + [
-      f'{attack} ρ={rho:g}' for attack, rho in attacked] + ['worst case']
-  lines = ['| ' + ' | '.join(header) + ' |',
-           '|' + '|'.join(['---'] + ['---:'] * (len(header) - 1)) + '|']
-  clean, worst = {}, {}
-  for start, rows in summaries.items():
-    by_cell = {('none', 0.0) if r['rho'] == 0 else (r['attack'], r['rho']): r
-               for r in rows}
-    cells = [sweep.cell_text(by_cell.get(('none', 0.0)))] if has_clean else []
-    cells += [sweep.cell_text(by_cell.get(cell)) for cell in attacked]
-    means = [by_cell[c]['final_accuracy_mean'] for c in attacked if c in by_cell]
-    worst[start] = 100 * min(means) if means else math.nan
-    clean[start] = (100 * by_cell[('none', 0.0)]['final_accuracy_mean']
-                    if has_clean else math.nan)
-    lines.append('| ' + ' | '.join([start] + cells + [f'{worst[start]:.1f}']) + ' |')
-  table = '\n'.join(lines) + '\n'
-  return table, _decision(clean, worst, clean_margin)
-
-
-def _decision(clean: dict, worst: dict, clean_margin: float) -> str:
-  finite_clean = [v for v in clean.values() if not math.isnan(v)]
-  best_clean = max(finite_clean) if finite_clean else math.nan
-  eligible = [s for s in worst if math.isnan(best_clean) or
-              clean[s] >= best_clean - clean_margin]
-  eligible = [s for s in eligible if not math.isnan(worst[s])]
-  if not eligible:
-    return 'No start has a worst case (no attacked runs finished).'
-  chosen = max(eligible, key=lambda s: worst[s])
-  return (f'Best worst case among starts within {clean_margin:g} points of the best '
-          f'clean accuracy ({best_clean:.1f}): {chosen!r} ({worst[chosen]:.1f}; '
-          + ', '.join(f'{s} {worst[s]:.1f}' for s in worst) + ').')
-
-
 def main(argv):
   started = time.time()
   task, _ = flag_groups.start_sweep_binary(argv)
@@ -125,7 +86,7 @@ def main(argv):
       sweep.run_sweep(task, spec, directory, progress=FLAGS.progress)
       summaries[start] = sweep.summarize(spec, directory)
       sweep.write_summary(summaries[start], directory)
-  table, decision = study_table(summaries, _CLEAN_MARGIN.value)
+  table, decision = gm_start_report.study_table(summaries, _CLEAN_MARGIN.value)
   seeds = ','.join(FLAGS.seeds)
   page = (f'GM (3 passes) by initial_point: {FLAGS.task}-{FLAGS.model} '
           f'({FLAGS.data_source}), {FLAGS.rounds} rounds, {FLAGS.clients_per_round} '

@@ -8,7 +8,7 @@ import tempfile
 
 from absl.testing import absltest
 
-from benchmarks import gm_start_study
+from benchmarks import gm_start_report
 from tests.helpers import processes
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,7 +32,7 @@ class StudyTableTest(absltest.TestCase):
         mean=_summary([0.85, 0.86], [0.60, 0.66], [0.81, 0.82]),    # worst 63.0
         zero=_summary([0.85, 0.86], [0.68, 0.70], [0.76, 0.78]),    # worst 69.0
         previous=_summary([0.85, 0.86], [0.67, 0.69], [0.80, 0.81]))  # worst 68.0
-    table, decision = gm_start_study.study_table(summaries, clean_margin=0.5)
+    table, decision = gm_start_report.study_table(summaries, clean_margin=0.5)
     lines = table.splitlines()
     self.assertEqual(lines[0], '| initial_point | clean ρ=0 | omniscient ρ=0.25 | '
                      'ipm ρ=0.25 | worst case |')
@@ -46,9 +46,9 @@ class StudyTableTest(absltest.TestCase):
     summaries = dict(
         mean=_summary([0.85], [0.60], [0.80]),
         zero=_summary([0.84], [0.70], [0.80]))  # Best worst case, 1 point less clean.
-    _, decision = gm_start_study.study_table(summaries, clean_margin=0.5)
+    _, decision = gm_start_report.study_table(summaries, clean_margin=0.5)
     self.assertIn("'mean' (60.0;", decision)
-    _, decision = gm_start_study.study_table(summaries, clean_margin=2.0)
+    _, decision = gm_start_report.study_table(summaries, clean_margin=2.0)
     self.assertIn("'zero' (70.0;", decision)
 
 
