@@ -55,37 +55,36 @@ def _as_float(name: str, value, requirement: str) -> float:
     raise ValueError(f'{name} must be {requirement}, got {value!r}.') from None
 
 
+def _checked_float(name: str, value, requirement: str, holds) -> float:
+  """`value` as a float, if it is a number for which `holds` is true (never for NaN);
+  `requirement` says which numbers those are."""
+  number = _as_float(name, value, requirement)
+  if not holds(number):
+    raise ValueError(f'{name} must be {requirement}, got {value!r}.')
+  return number
+
+
 def check_finite_float(name: str, value) -> float:
   """`value` as a float, if it is a finite number."""
-  number = _as_float(name, value, 'a finite number')
-  if not math.isfinite(number):
-    raise ValueError(f'{name} must be a finite number, got {value!r}.')
-  return number
+  return _checked_float(name, value, 'a finite number', math.isfinite)
 
 
 def check_positive_float(name: str, value) -> float:
   """`value` as a float, if it is a finite number > 0."""
-  number = _as_float(name, value, 'a finite number > 0')
-  if not math.isfinite(number) or number <= 0:
-    raise ValueError(f'{name} must be a finite number > 0, got {value!r}.')
-  return number
+  return _checked_float(name, value, 'a finite number > 0',
+                        lambda x: math.isfinite(x) and x > 0)
 
 
 def check_nonnegative_float(name: str, value) -> float:
   """`value` as a float, if it is a finite number >= 0."""
-  number = _as_float(name, value, 'a finite number >= 0')
-  if not math.isfinite(number) or number < 0:
-    raise ValueError(f'{name} must be a finite number >= 0, got {value!r}.')
-  return number
+  return _checked_float(name, value, 'a finite number >= 0',
+                        lambda x: math.isfinite(x) and x >= 0)
 
 
 def check_number_in(name: str, value, low: float, high: float,
                     high_inclusive: bool) -> float:
   """`value` as a float, if it is a number in [low, high) (or [low, high])."""
   bracket = ']' if high_inclusive else ')'
-  requirement = f'in [{low}, {high}{bracket}'
-  number = _as_float(name, value, requirement)
-  inside = low <= number <= high if high_inclusive else low <= number < high
-  if not inside:  # NaN is never inside.
-    raise ValueError(f'{name} must be {requirement}, got {value!r}.')
-  return number
+  return _checked_float(
+      name, value, f'in [{low}, {high}{bracket}',
+      lambda x: low <= x <= high if high_inclusive else low <= x < high)
