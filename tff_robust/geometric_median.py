@@ -27,10 +27,11 @@ def check_nu_and_tolerance(nu, tolerance) -> tuple[float, float]:
   """(ν, tolerance) of a smoothed Weiszfeld factory, None meaning the defaults.
 
   ν must be a finite number > 0 and `tolerance` a number in [0, 1); and a positive
-  `tolerance` without `nu` is refused. In google-research/federated's `robust_aggregation` (the original TFF RFA),
-  `tolerance` is the smoothing ν; here ν is `nu` and `tolerance` an early-stop
-  threshold. Code written for the original passes its ν as `tolerance` and no `nu`:
-  it would silently get ν = 1e-6 and an early stop. Giving both states which is
+  `tolerance` without `nu` is refused. In google-research/federated's
+  `robust_aggregation` (the original TFF RFA), `tolerance` is the smoothing ν; here
+  ν is `nu` and `tolerance` an early-stop threshold. Code written for the original
+  passes its ν as `tolerance` and no `nu`: it would silently get ν = 1e-6 and an
+  early stop. Giving both states which is
   meant; `tolerance=0` (every pass applied) has no ν reading and passes alone.
 
   Raises:
