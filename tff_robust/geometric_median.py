@@ -31,8 +31,8 @@ def check_nu_and_tolerance(nu, tolerance) -> tuple[float, float]:
   `robust_aggregation` (the original TFF RFA), `tolerance` is the smoothing ν; here
   ν is `nu` and `tolerance` an early-stop threshold. Code written for the original
   passes its ν as `tolerance` and no `nu`: it would silently get ν = 1e-6 and an
-  early stop. Giving both states which is
-  meant; `tolerance=0` (every pass applied) has no ν reading and passes alone.
+  early stop. Giving both states which is meant; `tolerance=0` (every pass applied)
+  has no ν reading and passes alone.
 
   Raises:
     TypeError: if `nu` or `tolerance` is not a number.
