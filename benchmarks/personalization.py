@@ -29,7 +29,6 @@ import os
 import time
 
 from absl import flags
-import tensorflow as tf
 
 from benchmarks import personalization_report as report
 from tasks import builders
@@ -95,7 +94,7 @@ def build_task(seed: int) -> builders.Task:
 def train_and_evaluate(task, method: str, aggregator: str, rho: float, seed: int,
                        ditto_lambda: float) -> dict:
   """Trains one run; its final per-client evaluation over benign clients."""
-  tf.keras.utils.set_random_seed(seed)
+  loop.set_random_seed(seed)
   work = client_work.client_work_from_name(method, task, ditto_lambda=ditto_lambda,
                                            personal_steps=None)
   simulation = loop.Simulation(

@@ -1,4 +1,5 @@
-"""Test-suite wide set-up: quiet TensorFlow, and no worker_binary left behind."""
+"""Test-suite wide set-up: quiet TensorFlow, deprecations of the project's own code
+as errors, and no worker_binary left behind."""
 
 import os
 import signal
@@ -13,6 +14,15 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 import pytest  # pylint: disable=g-import-not-at-top
 
 from tff_robust import runtime  # pylint: disable=g-import-not-at-top
+
+
+def pytest_configure(config):
+  # The project's own code must run under -W error::DeprecationWarning: what warns on
+  # this Python fails on a later one (e.g. randrange with a float on 3.12). Warnings
+  # raised from dependencies' modules stay warnings.
+  config.addinivalue_line(
+      'filterwarnings',
+      r'error::DeprecationWarning:(tff_robust|baselines|tasks|benchmarks)(\.|$)')
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -27,6 +27,7 @@ The client learning-rate schedule γ_t = γ0·C^⌊t/t0⌋ (RFA paper D.2.3) is 
 import collections
 import dataclasses
 import math
+import random
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -60,6 +61,17 @@ class StepSchedule:
 
   def __call__(self, round_num: int) -> float:
     return self.initial * self.decay ** (round_num // self.period)
+
+
+def set_random_seed(seed: int) -> None:
+  """Seeds Python's, NumPy's and TensorFlow's generators, as
+  `tf.keras.utils.set_random_seed` does, without also setting Keras' own seed
+  generator: that one draws initializer seeds with `randint(1, 1e9)`, a float bound
+  (a DeprecationWarning on Python 3.11, a TypeError on 3.12). Keras then draws them
+  from `random`, seeded here with the same seed, so the initial models are unchanged."""
+  random.seed(seed)
+  np.random.seed(seed)
+  tf.random.set_seed(seed)
 
 
 def flatten_metrics(structure: Any, prefix: str = '') -> Metrics:
@@ -198,7 +210,7 @@ class Simulation:
 
   def initial_state(self) -> collections.OrderedDict:
     # The paper's w⁽⁰⁾ is Keras' glorot-uniform initialization; seeded per run.
-    tf.keras.utils.set_random_seed(self._seed)
+    set_random_seed(self._seed)
     keras_model = self._task.keras_model_fn()
     state = collections.OrderedDict(model=collections.OrderedDict(
         trainable=[v.numpy() for v in keras_model.trainable_variables],

@@ -1,9 +1,12 @@
 """The simulation harness: schedule, sampling, metrics and update attacks in a round."""
 
 import collections
+import warnings
 
 from absl.testing import parameterized
+from keras.src import backend as keras_backend
 import numpy as np
+import tensorflow as tf
 
 from tasks import builders
 from tasks import registry
@@ -141,6 +144,26 @@ class FederatedSimulationTest(parameterized.TestCase):
     with self.assertRaisesRegex(loop.NonFiniteUpdatesError,
                                 r'only [0-4] of 5 clients .*n > 2f \+ 2'):
       sim.run_round(sim.initial_state(), round_num)
+
+  def test_the_initial_model_is_seeded_without_deprecated_calls(self):
+    # Keras' own seeding calls randrange with a float: an error on Python 3.12.
+    sim = self._simulation()
+    with warnings.catch_warnings():
+      warnings.simplefilter('error', DeprecationWarning)
+      state = sim.initial_state()
+    self.assertTrue(loop.all_finite(state))
+
+  def test_the_initial_model_is_the_one_keras_seeding_gave(self):
+    # Runs and results made before keep their initial models.
+    sim = self._simulation()
+    ours = sim.initial_state()['model']['trainable']
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      tf.keras.utils.set_random_seed(3)
+      keras = [v.numpy() for v in self.task.keras_model_fn().trainable_variables]
+    keras_backend._SEED_GENERATOR.generator = None  # pylint: disable=protected-access
+    for a, b in zip(ours, keras, strict=True):
+      np.testing.assert_array_equal(a, b)
 
   def test_rejects_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, 'rho'):
