@@ -330,6 +330,9 @@ def validate_aggregators(names_flag: str) -> None:
   """Checks at parse time that every aggregator in --`names_flag` builds with
   --aggregator_args (building a factory is cheap: no TFF tracing)."""
 
+  # The names alone first: an unknown name is the name's fault, not --aggregator_args'.
+  validate_aggregator_names(names_flag)
+
   @flags.multi_flags_validator([names_flag, 'aggregator_args'],
                                message='invalid --aggregator_args')
   def _check(values):

@@ -87,6 +87,20 @@ flags.DEFINE_float('worker_unavailable_timeout',
                    'of --workers may be unreachable during a round before the round '
                    'fails (exit status 3, naming the worker); if it comes back sooner, '
                    'its share of the round is rerun.')
+
+
+def _check_workers(addresses) -> bool:
+  """A malformed --workers is refused at parse time, not after the data load."""
+  if addresses:
+    try:
+      distributed.parse_addresses(addresses)
+    except ValueError as e:
+      raise flags.ValidationError(
+          f'{e} Pass --workers=host:port,host:port (distinct addresses).') from e
+  return True
+
+
+flags.register_validator('workers', _check_workers)
 for _name in ('worker_connect_timeout', 'worker_unavailable_timeout'):
   flags.register_validator(_name, lambda v: 0 < v < float('inf'),
                            message=f'--{_name} must be a finite number of seconds > 0.')

@@ -48,6 +48,8 @@ def test_results_dir_gets_the_table_with_its_command_and_the_plots(tmp_path):
     ('sweep', '--seeds=-1', '--seeds must be integers ≥ 0'),
     ('sweep', '--attacks=alei --attack_args=z=1', 'alei unknown'),
     ('sweep', f'--results_dir={os.path.abspath(__file__)}', '--results_dir=.*is a file'),
+    ('sweep', '--aggregators=mean,gmm',
+     "flag --aggregators=.*: --aggregators: Unknown aggregator 'gmm'; known aggregators"),
     ('leaderboard', '--readme_model=lstm', '--readme_model=lstm is not a model'),
     ('leaderboard', f'--ledger={_REPO}', '--ledger=.*is a directory'),
     ('main_job', '--readme=/nonexistent/README.md', '--readme=.*no such file'),

@@ -101,6 +101,15 @@ class TrainTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ('rho', dict(rho=0.5), '--rho'),
       ('aggregator', dict(aggregator='bogus'), 'aggregator'),
+      # The unknown name is blamed, not --aggregator_args, and the valid ones listed.
+      ('aggregator_unknown', dict(aggregator='gmm'),
+       "flag --aggregator=gmm: --aggregator: Unknown aggregator 'gmm'; known "
+       'aggregators: mean, gm,'),
+      # Refused at parse time, before the data load.
+      ('workers_not_host_port', dict(workers='localhost'),
+       "--workers.*'localhost' is not host:port"),
+      ('workers_bad_port', dict(workers='127.0.0.1:99999'), "'127.0.0.1:99999' is not"),
+      ('workers_repeated', dict(workers='h:1,h:1'), 'Worker addresses repeat'),
       ('attack', dict(attack='bogus'), 'omniscient'),
       ('model', dict(model='lstm'), '--model=lstm'),
       ('data_dir', dict(data_source='tff'), '--data_dir'),
