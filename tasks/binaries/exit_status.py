@@ -5,7 +5,9 @@
   2    a file the run reads is unreadable or inconsistent (`experiment.RunFileError`:
        checkpoint, config.json, metrics.csv, TensorBoard directory; a missing or
        malformed data file, a damaged leaderboard ledger), or a round left a
-       non-finite model
+       non-finite model; or flags valid one by one cannot train together
+       (`flag_groups.UnworkableSettingsError`, refused right after parsing); or
+       some runs of a sweep failed (the others ran; the table marks them)
   3    a TFF worker failed mid-round (`--workers`)
   143  SIGTERM (finished rounds are kept)
 
@@ -19,6 +21,7 @@ from typing import Callable
 
 from absl import app
 
+from tasks.binaries import flag_groups
 from tasks.builders import data_utils
 from tasks.simulation import experiment
 from tasks.simulation import ledger
@@ -27,6 +30,8 @@ from tff_robust import runtime
 FLAGS_OR_OTHER_RUN = 1
 BAD_FILE = 2
 NON_FINITE = 2
+UNWORKABLE_SETTINGS = 2
+RUNS_FAILED = 2
 WORKER_FAILED = 3
 
 # Errors whose message is the whole story (the file or flag, the problem and the fix),
@@ -34,6 +39,7 @@ WORKER_FAILED = 3
 ONE_LINE_ERRORS = (
     ((experiment.RunFileError, data_utils.MissingDataError,
       data_utils.MalformedDataError, ledger.LedgerError), BAD_FILE),
+    ((flag_groups.UnworkableSettingsError,), UNWORKABLE_SETTINGS),
     ((experiment.ConfigMismatchError,), FLAGS_OR_OTHER_RUN),
 )
 
@@ -55,7 +61,8 @@ def errors_as_one_line():
                       if isinstance(e, errors)))
 
 
-def run(main: Callable[[list[str]], None]) -> None:
+def run(main: Callable[[list[str]], None],
+        check_flags: Callable[[], None] = lambda: None) -> None:
   """`absl.app.run(main)` for a binary that runs TFF computations.
 
   The binary's TFF worker_binary processes are stopped however it ends, even by
@@ -64,7 +71,15 @@ def run(main: Callable[[list[str]], None]) -> None:
   runs inside: an exit that skipped the workers' stop would also print TFF's
   finalizer traceback. So does an exit on bad flags, before `main`: the stop after
   `app.run` disarms the finalizer of the executor that importing TFF created.
+  `check_flags` runs right after absl's parsing, for checks across flags whose
+  errors are `ONE_LINE_ERRORS` (e.g. `flag_groups.UnworkableSettingsError`).
   """
+
+  def parse_flags(argv):
+    argv = app.parse_flags_with_usage(argv)
+    with errors_as_one_line():
+      check_flags()
+    return argv
 
   def guarded_main(argv):
     with runtime.worker_binaries_stopped(even_when_killed=True):
@@ -72,6 +87,6 @@ def run(main: Callable[[list[str]], None]) -> None:
         main(argv)
 
   try:
-    app.run(guarded_main)
+    app.run(guarded_main, flags_parser=parse_flags)
   finally:
     runtime.stop_worker_binaries()

@@ -298,6 +298,58 @@ def build_aggregator(name: str, entries: Sequence[str],
                      f'aggregator {name}: {e}') from e
 
 
+class UnworkableSettingsError(ValueError):
+  """Flags valid one by one that cannot train together (e.g. Krum with too few
+  clients per round for the corrupted clients it assumes); the binaries exit with
+  status 2 on it, before loading any data."""
+
+
+def _takes_round(name: str, entries: Sequence[str], rho: float, n: int) -> bool:
+  try:
+    registry.check_num_clients(build_aggregator(name, entries, rho=rho), n)
+  except ValueError:
+    return False
+  return True
+
+
+def _sets_f(name: str, entries: Sequence[str]) -> bool:
+  """Whether --aggregator_args gives f itself (else it comes from --rho)."""
+  kwargs = aggregator_kwargs(name, entries)
+  given = [kwargs] + list(kwargs.get('wrapper_args', {}).values())
+  return any(key in args for args in given
+             for key in ('num_byzantine', 'byzantine_fraction'))
+
+
+def check_clients_per_round(name: str, entries: Sequence[str], rho: float,
+                            clients_per_round: int) -> None:
+  """Raises `UnworkableSettingsError`, naming the flags and the values that would
+  work, when aggregator `name` cannot aggregate a round of `clients_per_round`
+  clients with f = ⌊rho·n⌋ assumed corrupted (Krum's and multi-Krum's n > 2f + 2,
+  also inside NNM or bucketing; NNM's and ARC's n > f)."""
+  n = clients_per_round
+  if _takes_round(name, entries, rho, n):
+    return
+  explicit = _sets_f(name, entries)
+  assumed = ('f (of --aggregator_args)' if explicit else
+             f'f = ⌊{rho:g}·{n}⌋ = {math.floor(rho * n)}')
+  fixes = []
+  enough = next((m for m in range(n + 1, 100 * n + 100)
+                 if _takes_round(name, entries, rho, m)), None)
+  if enough:
+    fixes.append(f'raise --clients_per_round to {enough} or more')
+  lower = next((k / n for k in range(math.floor(rho * n) - 1, -1, -1)
+                if _takes_round(name, entries, k / n, n)), None)
+  if lower is not None:
+    fixes.append(f'lower --rho to {lower:g}')
+  fixes.append('lower f in --aggregator_args' if explicit else
+               'set f apart from --rho with --aggregator_args=num_byzantine=<f>')
+  raise UnworkableSettingsError(
+      f'--aggregator={name} cannot aggregate a round of --clients_per_round={n} '
+      f'clients at --rho={rho:g}: it assumes {assumed} of them corrupted, too many '
+      f'(Krum and multi-Krum need n > 2f + 2, NNM and ARC n > f). Fix: '
+      + '; or '.join(fixes) + '.')
+
+
 def define_byzantine_fraction_flag(default: float = 0.25,
                                    flag_values: flags.FlagValues = FLAGS) -> None:
   """--byzantine_fraction, for binaries that build aggregators by name outside a

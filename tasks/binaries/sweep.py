@@ -69,6 +69,12 @@ def main(argv):
     copy_results(spec, _results_page(table, spec, trained, time.time() - start),
                  FLAGS.results_dir)
   print(table)
+  failed = sweep.failed_runs(spec, FLAGS.output_dir)
+  if failed:
+    exit_status.exit_with(
+        f'{len(failed)} of {len(spec.runs())} runs failed ({", ".join(r.name for r in failed)}); '
+        'the table marks them "failed" and each run\'s FAILED file says why. Fix their '
+        'flags and rerun: finished runs are skipped.', exit_status.RUNS_FAILED)
 
 
 def run():

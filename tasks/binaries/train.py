@@ -129,6 +129,12 @@ def build_simulation(task, context=None) -> loop.Simulation:
       rho=FLAGS.rho, seed=FLAGS.seed, **flag_groups.simulation_kwargs_from_flags())
 
 
+def check_settings() -> None:
+  """Refuses, before any data is loaded, flags that cannot train together."""
+  flag_groups.check_clients_per_round(FLAGS.aggregator, FLAGS.aggregator_args,
+                                      FLAGS.rho, FLAGS.clients_per_round)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
@@ -174,7 +180,7 @@ def main(argv):
 
 def run():
   """Console-script entry point (`tff_robust_train`)."""
-  exit_status.run(main)
+  exit_status.run(main, check_flags=check_settings)
 
 
 if __name__ == '__main__':

@@ -12,7 +12,8 @@ sampling (RFA paper D.3: "repeated with different random seeds").
 
 Outputs in <output_dir>:
   summary.csv       aggregator, attack, rho, final_accuracy_mean/min/max over seeds,
-                    num_seeds, num_diverged, secure_average_calls_per_round
+                    num_seeds, num_diverged, secure_average_calls_per_round,
+                    num_failed (runs that failed, `FAILED` in their directory)
   summary.md        the same as a markdown table (rows: aggregators; columns:
                     attack × rho; cells "mean [min, max]" in %)
   accuracy_vs_rho.png                       one panel per attack (paper Figure 2)
@@ -23,7 +24,10 @@ A run whose model becomes non-finite, or whose round leaves too few finite clien
 updates for an aggregator with a condition on their number (Krum's n > 2f + 2, after
 a blown-up model made local training overflow), is stopped, marked `DIVERGED` in its
 directory and reported in `num_diverged`; its final accuracy is its last evaluated one,
-and the sweep goes on.
+and the sweep goes on. So does a sweep past a run that fails (e.g. Krum at a ρ that
+breaks its n > 2f + 2 for the round's clients, refused before training): the error is
+logged and kept in the run's `FAILED` file, the table marks the cell "failed", and a
+rerun retries it.
 """
 
 import csv
@@ -49,6 +53,8 @@ from tasks.simulation import ledger
 from tasks.simulation import loop
 
 DIVERGED_MARKER = 'DIVERGED'
+# Written by a run that failed (its error message); removed when it is retried.
+FAILED_MARKER = 'FAILED'
 # Written by a run when it finishes: its ledger fingerprint (`run_fingerprint`).
 FINGERPRINT_FILE = 'FINGERPRINT'
 # Bumped when a change to the code changes what a run of the same settings computes,
@@ -187,24 +193,16 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
       log(f'{label}: in the ledger, skipped.')
       continue
     trained += 1
-    factory = registry.aggregator_from_name(
-        run.aggregator, assumed_byzantine_fraction=run.rho,
-        **spec.aggregator_args.get(run.aggregator, {}))
-    work = client_work_lib.client_work_from_name(
-        spec.client_work, task, worker_momentum=run.worker_momentum,
-        **spec.client_work_args)
-    sim = loop.Simulation(task, factory, work, attack=run.attack,
-                          attack_params=spec.attack_args.get(run.attack, {}),
-                          rho=run.rho, seed=run.seed, **spec.simulation_kwargs)
+    _clear_failure(directory)
     try:
-      experiment.run_experiment(sim, directory, spec.rounds, spec.eval_period,
-                                config=run_config(task, spec, run), progress=progress,
-                                tensorboard=False, description=label,
-                                checkpoint_period=checkpoint_period)
-    except experiment.NonFiniteStateError as e:
-      log(f'{label}: {e}')
-      with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:
-        f.write(str(e) + '\n')
+      _train_run(task, spec, run, directory, label, progress=progress,
+                 checkpoint_period=checkpoint_period, log=log)
+    except Exception as e:  # pylint: disable=broad-except
+      # One cell's failure (e.g. Krum's n > 2f + 2 broken by its ρ) must not cost the
+      # other cells their runs: it is marked, reported in the summary, and retried
+      # when the sweep is rerun.
+      _mark_failed(directory, label, e, log)
+      continue
     with open(os.path.join(directory, FINGERPRINT_FILE), 'w') as f:
       f.write(fingerprint + '\n')
     if ledger_path:
@@ -213,6 +211,59 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     if not keep_checkpoints and os.path.isdir(checkpoints):
       shutil.rmtree(checkpoints)
   return trained
+
+
+def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,
+               progress: bool, checkpoint_period: int,
+               log: Callable[[str], None]) -> None:
+  """Trains (or resumes) one run; a run that diverges is marked `DIVERGED_MARKER`.
+
+  Raises:
+    ValueError: before any training, when the run's aggregator cannot aggregate a
+      round of the sweep's clients (Krum's n > 2f + 2 with f = ⌊ρ·n⌋).
+  """
+  factory = registry.aggregator_from_name(
+      run.aggregator, assumed_byzantine_fraction=run.rho,
+      **spec.aggregator_args.get(run.aggregator, {}))
+  registry.check_num_clients(factory, min(
+      spec.simulation_kwargs.get('clients_per_round', 10),
+      len(task.train_data.client_ids)))
+  work = client_work_lib.client_work_from_name(
+      spec.client_work, task, worker_momentum=run.worker_momentum,
+      **spec.client_work_args)
+  sim = loop.Simulation(task, factory, work, attack=run.attack,
+                        attack_params=spec.attack_args.get(run.attack, {}),
+                        rho=run.rho, seed=run.seed, **spec.simulation_kwargs)
+  try:
+    experiment.run_experiment(sim, directory, spec.rounds, spec.eval_period,
+                              config=run_config(task, spec, run), progress=progress,
+                              tensorboard=False, description=label,
+                              checkpoint_period=checkpoint_period)
+  except experiment.NonFiniteStateError as e:
+    log(f'{label}: {e}')
+    with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:
+      f.write(str(e) + '\n')
+
+
+def _mark_failed(directory: str, label: str, error: Exception,
+                 log: Callable[[str], None]) -> None:
+  message = ' '.join(str(error).split()) or type(error).__name__
+  log(f'{label}: failed: {message}')
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, FAILED_MARKER), 'w') as f:
+    f.write(message + '\n')
+
+
+def _clear_failure(directory: str) -> None:
+  path = os.path.join(directory, FAILED_MARKER)
+  if os.path.exists(path):
+    os.remove(path)
+
+
+def failed_runs(spec: SweepSpec, output_dir: str) -> list[Run]:
+  """The runs of `spec` whose last attempt failed (`FAILED_MARKER`)."""
+  return [run for run in spec.runs() if os.path.exists(
+      os.path.join(run_dir(output_dir, run), FAILED_MARKER))]
 
 
 def run_config(task, spec: SweepSpec, run: Run) -> dict[str, Any]:
@@ -340,7 +391,7 @@ def summarize(spec: SweepSpec, output_dir: str,
   for variant in spec.variants():
     for attack in spec.attacks:
       for rho in spec.rhos:
-        finals, diverged, calls = [], 0, []
+        finals, diverged, failed, calls = [], 0, 0, []
         for seed in spec.seeds:
           run = spec.run_for_cell(variant, attack, rho, seed)
           if run.name in recorded:
@@ -353,6 +404,7 @@ def summarize(spec: SweepSpec, output_dir: str,
           rows = read_metrics(directory)
           finals.append(_final_accuracy(rows))
           diverged += os.path.exists(os.path.join(directory, DIVERGED_MARKER))
+          failed += os.path.exists(os.path.join(directory, FAILED_MARKER))
           calls.extend(r['secure_average_calls'] for r in rows)
         values = np.array([v for v in finals if not math.isnan(v)])
         calls = [c for c in calls if not math.isnan(c)]
@@ -362,7 +414,8 @@ def summarize(spec: SweepSpec, output_dir: str,
             final_accuracy_min=values.min() if values.size else math.nan,
             final_accuracy_max=values.max() if values.size else math.nan,
             num_seeds=int(values.size), num_diverged=diverged,
-            secure_average_calls_per_round=float(np.mean(calls)) if calls else math.nan))
+            secure_average_calls_per_round=float(np.mean(calls)) if calls else math.nan,
+            num_failed=failed))
   return summary
 
 
@@ -381,15 +434,19 @@ def write_summary(summary: list[dict[str, Any]], output_dir: str) -> str:
 
 def cell_text(row: Optional[Mapping[str, Any]]) -> str:
   """A summary row as a table cell: "mean [min, max]" in %, "(k diverged)" when
-  some seeds diverged; "n/a" for a missing or unfinished cell."""
+  some seeds diverged, "(k failed)" when some failed; "failed" when every seed
+  failed, "n/a" for a missing or unfinished cell."""
+  failed = row.get('num_failed', 0) if row is not None else 0
   if row is None or math.isnan(row['final_accuracy_mean']):
-    return 'n/a'
+    return 'failed' if failed else 'n/a'
   text = f'{100 * row["final_accuracy_mean"]:.1f}'
   if row['num_seeds'] > 1:
     text += (f' [{100 * row["final_accuracy_min"]:.1f}, '
              f'{100 * row["final_accuracy_max"]:.1f}]')
   if row['num_diverged']:
     text += f' ({row["num_diverged"]} diverged)'
+  if failed:
+    text += f' ({failed} failed)'
   return text
 
 

@@ -13,8 +13,10 @@ from unittest import mock
 from absl import flags
 from absl.testing import flagsaver
 from absl.testing import parameterized
+import pytest
 import tensorflow_federated as tff
 
+from tasks.binaries import flag_groups
 from tasks.binaries import train
 from tasks.simulation import experiment
 from tests.helpers import processes
@@ -164,6 +166,35 @@ class TrainTest(parameterized.TestCase):
     # ignored AttributeError traceback under the flag error.
     self.assertNotIn('Traceback', result.stderr)
     self.assertEmpty(os.listdir(root))
+
+
+@pytest.mark.parametrize('aggregator, rho, clients, message', [
+    ('krum', 0.45, 10, r'--aggregator=krum cannot aggregate a round of '
+     r'--clients_per_round=10 clients at --rho=0.45: it assumes f = ⌊0.45·10⌋ = 4 .*'
+     r'raise --clients_per_round to 11 or more; or lower --rho to 0.3'),
+    ('multi_krum', 0.3, 4, r'--aggregator=multi_krum .*--clients_per_round=4 .*⌋ = 1 of them'),
+    ('nnm+krum', 0.45, 10, r'--aggregator=nnm\+krum .*--clients_per_round=10'),
+])
+def test_an_aggregator_without_enough_clients_is_refused_naming_the_flags(
+    aggregator, rho, clients, message):
+  with flagsaver.flagsaver():
+    FLAGS.unparse_flags()
+    FLAGS(_argv(aggregator=aggregator, rho=rho, clients_per_round=clients))
+    with pytest.raises(flag_groups.UnworkableSettingsError, match=message) as raised:
+      train.check_settings()
+  assert 'num_byzantine (' not in str(raised.value)  # Not a flag of the binary.
+
+
+def test_krum_with_too_few_clients_exits_2_before_loading_data(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'tasks.binaries.train', '--aggregator=krum', '--rho=0.45',
+       '--clients_per_round=10', f'--root_output_dir={tmp_path}'],
+      cwd=_REPO, capture_output=True, text=True, timeout=300, env=processes.quiet_env())
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.splitlines()[-1].startswith(
+      'ERROR: --aggregator=krum cannot aggregate a round of --clients_per_round=10')
+  assert 'Traceback' not in result.stderr
+  assert not os.listdir(tmp_path)
 
 
 def test_terminated_binary_leaves_no_worker_binary(tmp_path):

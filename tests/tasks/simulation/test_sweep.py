@@ -140,6 +140,39 @@ class DivergenceSweepTest(parameterized.TestCase):
         f'[2/2] {mean_run.name}: finished, skipped.'])
 
 
+class FailedRunSweepTest(parameterized.TestCase):
+
+  def test_a_run_that_cannot_train_is_marked_and_the_sweep_goes_on(self):
+    output_dir = tempfile.mkdtemp(prefix='test_sweep_failed_')
+    self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
+    # Krum at ρ = 0.45 assumes f = ⌊0.45·3⌋ = 1 of the 3 clients corrupted: 3 ≤ 2f + 2.
+    spec = _spec(aggregators=['krum', 'mean'], attacks=['sign_flip'], rhos=[0.0, 0.45],
+                 seeds=[0], rounds=1)
+    messages = []
+    sweep.run_sweep(_task(), spec, output_dir, progress=False, log=messages.append)
+    krum_attacked = spec.runs()[1]
+    self.assertEqual(krum_attacked.name, 'krum_sign_flip_rho0.45_seed0')
+    self.assertLen(messages, 1)
+    self.assertRegex(messages[0], r'^\[2/4\] krum_sign_flip_rho0.45_seed0: failed: .*'
+                     r'n > 2f \+ 2')
+    self.assertEqual(sweep.failed_runs(spec, output_dir), [krum_attacked])
+    for run in spec.runs():  # The other runs trained.
+      if run != krum_attacked:
+        self.assertLen(sweep.read_metrics(sweep.run_dir(output_dir, run)), 1)
+    markdown = sweep.write_report(spec, output_dir)
+    self.assertRegex(markdown, r'\| krum \| [0-9.]+ \| failed \|')
+    with open(os.path.join(output_dir, 'summary.csv')) as f:
+      rows = {(r['aggregator'], r['rho']): r for r in csv.DictReader(f)}
+    self.assertEqual(rows[('krum', '0.45')]['num_failed'], '1')
+    self.assertEqual(rows[('mean', '0.45')]['num_failed'], '0')
+
+    # A rerun retries the failed run only (it fails again: same settings).
+    messages.clear()
+    self.assertEqual(sweep.run_sweep(_task(), spec, output_dir, progress=False,
+                                     log=messages.append), 1)
+    self.assertIn('[2/4] krum_sign_flip_rho0.45_seed0: failed: ', messages[1])
+
+
 class LedgerSweepTest(parameterized.TestCase):
 
   def test_a_ledger_stands_in_for_the_run_directories(self):
