@@ -449,8 +449,7 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
       except loop.NonFiniteUpdatesError as e:
         raise NonFiniteStateError(
             f'{e} Stopped; the rounds before it up to the newest checkpoint are kept in '
-            f'{output_dir}. Lower the client learning rate or choose a robust '
-            'aggregator.') from e
+            f'{output_dir}.') from e
       cumulative += int(metrics['secure_average_calls'])
       row = collections.OrderedDict(metrics)
       row['cumulative_secure_average_calls'] = cumulative

@@ -182,6 +182,7 @@ class Simulation:
     if clients_per_round < 1:
       raise ValueError(f'clients_per_round must be ≥ 1, got {clients_per_round}.')
     self._task = task
+    self._attack = attack
     self._update_attack = attacks.build_update_attack(attack, **(attack_params or {}))
     self._data_attack = attack if attack in task.data_attacks else None
     self._seed = seed
@@ -250,7 +251,7 @@ class Simulation:
     if self._update_attack is not None:
       updates = self._update_attack(updates, trained.weights, corrupted,
                                     np.random.default_rng([self._seed, round_num, 1]))
-    self._check_num_clients(updates, trained.weights, round_num)
+    self._check_num_clients(client_ids, updates, trained.weights, round_num)
     aggregate = self._aggregate(state['aggregator'], updates,
                                 [np.float32(w) for w in trained.weights])
     applied = self._finalizer.next(state['server_optimizer'], weights,
@@ -276,7 +277,7 @@ class Simulation:
                    for k, v in flatten_metrics(applied.measurements).items())
     return new_state, metrics
 
-  def _check_num_clients(self, updates, weights, round_num: int) -> None:
+  def _check_num_clients(self, client_ids, updates, weights, round_num: int) -> None:
     """Fails the round before aggregating when the aggregator cannot take its clients
     (Krum's n > 2f + 2; named in Python rather than as TFF's gRPC INTERNAL error): a
     ValueError when it cannot take the sampled clients at all, a
@@ -290,11 +291,31 @@ class Simulation:
     try:
       registry.check_num_clients(self._aggregator_factory, usable)
     except ValueError as e:
-      # TFF's client work sends a non-finite delta with weight 0: local training
-      # overflowed from a blown-up model, and every later round would repeat it.
+      unusable = [c for c, u, w in zip(client_ids, updates, weights)
+                  if not (w > 0 and np.isfinite(w) and all_finite(u))]
       raise NonFiniteUpdatesError(
           f'Round {round_num}: only {usable} of {len(updates)} clients sent a finite '
-          f'update of weight > 0 (the model has diverged). {e}') from e
+          f'update of weight > 0. {self._why_unusable(unusable)} '
+          f'{str(e).split(";")[0]}.') from e
+
+  def _why_unusable(self, unusable: list[str]) -> str:
+    """Why the `unusable` clients sent no finite update of weight > 0, and the fix:
+    faults the update attack injected, or local training that overflowed from a
+    diverged model."""
+    names = ', '.join(unusable)
+    if self._update_attack is not None and self.corrupted_clients.issuperset(
+        unusable):
+      # Not a divergence: the attack's faults were filtered out as they should be,
+      # and too few clients are left for the aggregator's condition.
+      return (f'Clients {names} (corrupted by the {self._attack} attack) sent '
+              'non-finite updates and were dropped, leaving too few for the '
+              'aggregator: sample more clients per round or assume fewer corrupted '
+              'ones.')
+    # TFF's client work sends a non-finite delta with weight 0: local training
+    # overflowed from a blown-up model, and every later round would repeat it.
+    return (f'Clients {names} sent non-finite updates or weight 0 (dropped): local '
+            'training overflowed, the model has diverged. Lower the client learning '
+            'rate or choose a robust aggregator.')
 
   def evaluate(self, state) -> Metrics:
     """Clean test metrics of the global model, then the variant's."""

@@ -2,6 +2,7 @@
 
 import csv
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -54,6 +55,19 @@ def test_flags_that_do_less_than_they_say_are_named(tmp_path, capfd):
   assert ("--clients_per_round=50 is more than the task's 8 clients: all of them train "
           'every round.') in stderr
   assert '--attack=omniscient with --rho=0 corrupts no client: a clean run.' in stderr
+
+
+def test_injected_nan_faults_are_reported_as_dropped_clients(tmp_path, capfd):
+  # Krum with f = 1 of 5 clients: one NaN client leaves too few.
+  with pytest.raises(SystemExit) as exited:
+    _run_main(rounds=2, root_output_dir=tmp_path, **dict(
+        _SMALL_RUN, aggregator='krum', aggregator_args='num_byzantine=1', attack='nan',
+        rho=0.3, clients_per_round=5))
+  assert exited.value.code == 2
+  line = capfd.readouterr().err.splitlines()[-1]
+  assert re.search(r'Clients .* \(corrupted by the nan attack\) sent non-finite '
+                   r'updates and were dropped', line), line
+  assert 'diverged' not in line and 'learning rate' not in line
 
 
 class TrainTest(parameterized.TestCase):

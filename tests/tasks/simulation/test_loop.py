@@ -145,6 +145,22 @@ class FederatedSimulationTest(parameterized.TestCase):
                                 r'only [0-4] of 5 clients .*n > 2f \+ 2'):
       sim.run_round(sim.initial_state(), round_num)
 
+  @parameterized.named_parameters(('nan', 'nan'), ('inf', 'inf'))
+  def test_injected_faults_that_leave_too_few_clients_are_named_as_dropped(
+      self, fault):
+    sim = loop.Simulation(self.task, registry.aggregator_from_name(
+        'krum', num_byzantine=1), attack=fault, rho=0.3, seed=3, clients_per_round=5)
+    round_num, faulty = next(
+        (r, sorted(sim.corrupted_clients.intersection(sim.sample_clients(r))))
+        for r in range(100) if sim.corrupted_clients.intersection(sim.sample_clients(r)))
+    with self.assertRaises(loop.NonFiniteUpdatesError) as raised:
+      sim.run_round(sim.initial_state(), round_num)
+    message = str(raised.exception)
+    self.assertIn(f'Clients {", ".join(faulty)} (corrupted by the {fault} attack) sent '
+                  'non-finite updates and were dropped', message)
+    self.assertNotIn('diverged', message)
+    self.assertNotIn('learning rate', message)
+
   def test_the_initial_model_is_seeded_without_deprecated_calls(self):
     # Keras' own seeding calls randrange with a float: an error on Python 3.12.
     sim = self._simulation()
