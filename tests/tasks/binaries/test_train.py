@@ -211,6 +211,41 @@ def test_krum_with_too_few_clients_exits_2_before_loading_data(tmp_path):
   assert not os.listdir(tmp_path)
 
 
+def _without_tf_log_level():
+  # The suite's own setting (tests/conftest.py) must not stand in for the binary's.
+  env = dict(os.environ)
+  env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+  return env
+
+
+_TF_CPP_LINE = re.compile(r'^\d{4}-\d\d-\d\d [\d:.]+: [IWEF] ')
+
+
+def test_a_short_run_prints_its_progress_and_few_lines_of_its_own(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'tasks.binaries.train', '--rounds=2', '--aggregator=mean',
+       '--data_source=synthetic', '--experiment_name=run', f'--root_output_dir={tmp_path}'],
+      cwd=_REPO, capture_output=True, timeout=300, env=_without_tf_log_level())
+  stderr = result.stderr.decode()  # Not text=True, which makes each \r a new line.
+  assert result.returncode == 0, stderr[-3000:]
+  lines = stderr.rstrip('\n').split('\n')  # The bar redraws with \r: one line.
+  # TensorFlow's C++ INFO and WARNING lines (130 of a run's 142) are gone; the CUDA
+  # plugins' ERROR lines of the import stay visible, as errors should.
+  assert not [l for l in lines if re.match(r'^\S+ \S+: [IW] ', l)], stderr
+  own = [l for l in lines if not _TF_CPP_LINE.match(l)]
+  assert len(own) <= 4, own  # Run header, clients note, progress bar, where metrics are.
+  assert any('2/2' in l for l in own), own
+
+
+def test_help_prints_no_tensorflow_lines():
+  result = subprocess.run(
+      [sys.executable, '-m', 'tasks.binaries.train', '--help'], cwd=_REPO,
+      capture_output=True, text=True, timeout=300, env=_without_tf_log_level())
+  assert '--clients_per_round' in result.stdout
+  assert not [l for l in result.stderr.splitlines() if _TF_CPP_LINE.match(l)], (
+      result.stderr)
+
+
 def test_terminated_binary_leaves_no_worker_binary(tmp_path):
   """SIGTERM during training ends the binary and its TFF workers, keeping the
   finished rounds."""
