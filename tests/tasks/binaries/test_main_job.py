@@ -1,15 +1,29 @@
 """The main job binary end to end on a tiny synthetic configuration, and its README
-update: only the marked section changes."""
+update: only the marked section changes, only on request, and the committed copies
+only with the README's configuration."""
 
 import os
 import subprocess
 import sys
+
+import pytest
 
 from tasks.simulation import sweep
 from tests.helpers import processes
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
+_TINY = ['--data_source=synthetic', '--aggregators=mean,gm', '--attacks=omniscient',
+         '--rhos=0,0.2', '--rounds=1', '--clients_per_round=3', '--noprogress']
+# The tiny configuration's protocol line, found in any page it wrote.
+_TINY_PROTOCOL = '1 rounds, 3 clients/round'
+_COMMITTED = ('README.md', os.path.join('results', 'main_job.md'))
+
+
+def _main_job(*flag_args):
+  return subprocess.run(
+      [sys.executable, '-m', 'tasks.binaries.main_job', *flag_args], cwd=_REPO,
+      capture_output=True, text=True, timeout=600, env=processes.quiet_env())
 
 
 def test_update_marked_section_replaces_only_that_section(tmp_path):
@@ -31,13 +45,38 @@ def test_update_marked_section_without_markers_leaves_the_file_alone(tmp_path):
 def test_main_job_runs_and_writes_its_pages(tmp_path):
   readme = tmp_path / 'README.md'
   readme.write_text(f'{sweep.README_BEGIN}\n{sweep.README_END}\n', encoding='utf-8')
-  result = subprocess.run(
-      [sys.executable, '-m', 'tasks.binaries.main_job', '--data_source=synthetic',
-       '--aggregators=mean,gm', '--attacks=omniscient', '--rhos=0,0.2', '--rounds=1',
-       '--clients_per_round=3', '--noprogress', f'--output_dir={tmp_path / "runs"}',
-       f'--results_markdown={tmp_path / "main_job.md"}', f'--readme={readme}'],
-      cwd=_REPO, capture_output=True, text=True, timeout=600, env=processes.quiet_env())
+  result = _main_job(*_TINY, f'--output_dir={tmp_path / "runs"}',
+                     f'--results_markdown={tmp_path / "main_job.md"}',
+                     f'--readme={readme}')
   assert result.returncode == 0, result.stderr[-3000:]
   page = (tmp_path / 'main_job.md').read_text(encoding='utf-8')
   assert '| RFA (gm) |' in page and 'omniscient ρ=0.2' in page
   assert page.strip() in readme.read_text(encoding='utf-8')
+
+
+def test_main_job_writes_into_its_output_directory_only(tmp_path):
+  result = _main_job(*_TINY, f'--output_dir={tmp_path / "runs"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _TINY_PROTOCOL in (tmp_path / 'runs' / 'main_job.md').read_text(
+      encoding='utf-8')
+  for committed in _COMMITTED:
+    with open(os.path.join(_REPO, committed), encoding='utf-8') as f:
+      assert _TINY_PROTOCOL not in f.read(), committed
+
+
+@pytest.mark.parametrize('flag_args, named', [
+    (['--update_committed_results', '--rounds=1'], '--rounds=1 (README: 30)'),
+    (['--update_committed_results', '--aggregators=mean', '--data_seed=0'],
+     '--aggregators=mean (README: mean,gm,one_step_gm,gamma_mean,gma,median)'),
+    ([f'--readme={os.path.join(_REPO, "README.md")}', '--seeds=1'],
+     '--seeds=1 (README: 0)'),
+])
+def test_the_committed_copies_take_only_the_readme_configuration(tmp_path, flag_args,
+                                                                  named):
+  result = _main_job(*flag_args, f'--output_dir={tmp_path / "runs"}')
+  assert result.returncode == 1, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith('ERROR: ')]
+  assert len(errors) == 1, result.stderr[-3000:]
+  assert named in errors[0] and 'README\'s configuration' in errors[0]
+  assert 'data_seed' not in errors[0]  # At its default, though given.
+  assert not (tmp_path / 'runs').exists()  # Refused before training.
