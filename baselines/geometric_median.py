@@ -18,6 +18,7 @@ import tensorflow as tf
 from baselines import gather
 from tff_robust import arguments
 from tff_robust import geometric_median
+from tff_robust import robust_scale
 
 INITIAL_POINTS = geometric_median.INITIAL_POINTS
 
@@ -85,6 +86,8 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
   *   `relative_gradient`: float64 vector of length R − 1, the stopping criterion at
       the estimate of passes 2..R;
   *   `num_passes_applied`, `frozen_at_pass` (0 if never frozen);
+  *   `nu`: float64 vector, the floor ν of every Weiszfeld pass (as the secure
+      factory's: R entries, R − 1 for the mean start);
   *   `max_effective_weight`: max over passes and clients of β_i / Σβ.
   With no client of weight > 0 the result is zero.
   """
@@ -93,17 +96,20 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
                num_communication_passes: int = 3,
                nu: Optional[float] = None,
                tolerance: Optional[float] = None,
-               initial_point: str = 'zero'):
+               initial_point: str = 'zero',
+               relative_nu: Optional[float] = None):
     """Initializes the factory.
 
     Args:
       num_communication_passes: R >= 1, the number of Weiszfeld passes (named as in
         `tff_robust.GeometricMedianFactory`, where each pass is one secure mean).
-      nu: ν > 0, the smoothing floor on distances; None means 1e-6.
+      nu: an absolute smoothing floor ν > 0 on distances (the paper's is 1e-6).
       tolerance: the freezing threshold on the relative gradient, in [0, 1); None
         means 1e-6. As in `tff_robust.GeometricMedianFactory`, a positive
-        `tolerance` without `nu` raises (the original TFF RFA's `tolerance` is ν).
+        `tolerance` without a ν raises (the original TFF RFA's `tolerance` is ν).
       initial_point: 'zero', 'mean' or 'previous'.
+      relative_nu: ν relative to the clients' robust typical distance to each
+        pass's estimate (`tff_robust.robust_scale`); None and no `nu`: 0.2.
 
     Raises:
       TypeError: if R is not an integer, or ν or `tolerance` not a number.
@@ -112,7 +118,8 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
     """
     self._num_passes = arguments.check_positive_int(
         'num_communication_passes', num_communication_passes)
-    self._nu, self._tolerance = geometric_median.check_nu_and_tolerance(nu, tolerance)
+    self._nu, self._relative_nu, self._tolerance = geometric_median.check_smoothing(
+        nu, relative_nu, tolerance)
     if initial_point not in INITIAL_POINTS:
       raise ValueError(
           f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
@@ -131,30 +138,43 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
       return tf.zeros(tf.shape(values)[1:], tf.float64)
     return None
 
+  def _floor(self, alphas, distances):
+    """ν for a pass with these distances: the absolute one, or the relative one
+    from the same histogram the secure factory sums over its clients."""
+    if self._relative_nu is None:
+      return tf.constant(self._nu, tf.float64)
+    statistics = tf.reduce_sum(tf.map_fn(
+        lambda pair: robust_scale.client_statistics(pair[0], pair[1]),
+        (distances, alphas), fn_output_signature=tf.float64), axis=0)
+    return robust_scale.relative_floor(statistics, self._relative_nu)
+
   def _pass(self, values, alphas, center):
-    """One Weiszfeld pass from `center`: (proposal, Σβ, g_ν(center), max β/Σβ)."""
+    """One Weiszfeld pass from `center`: (proposal, Σβ, g_ν(center), max β/Σβ, ν)."""
     distances = tf.sqrt(squared_distances_to(values, center))
-    betas = weiszfeld_weights(alphas, distances, self._nu)
+    nu = self._floor(alphas, distances)
+    betas = weiszfeld_weights(alphas, distances, nu)
     beta_sum = tf.reduce_sum(betas)
-    objective = tf.reduce_sum(alphas * geometric_median.smoothed_norm(distances,
-                                                                      self._nu))
+    objective = tf.reduce_sum(alphas * geometric_median.smoothed_norm(distances, nu))
     return (weighted_average(values, betas), beta_sum, objective,
-            _max_share(betas, beta_sum))
+            _max_share(betas, beta_sum), nu)
 
   def _server_aggregate(self, values, weights, state):
     alphas = tf.cast(weights, tf.float64)
     alpha_sum = tf.reduce_sum(alphas)
     start = self._start(values, state)
+    floors = []
     if start is None:
       center = weighted_average(values, alphas)
       max_shares = [_max_share(alphas, alpha_sum)]
     else:
-      center, _, _, max_share = self._pass(values, alphas, start)
+      center, _, _, max_share, nu = self._pass(values, alphas, start)
       max_shares = [max_share]
+      floors.append(nu)
     frozen, frozen_at, passes = tf.constant(False), tf.constant(0), tf.constant(1)
     objectives, relative_gradients = [], []
     for this_pass in range(2, self._num_passes + 1):
-      proposal, beta_sum, objective, max_share = self._pass(values, alphas, center)
+      proposal, beta_sum, objective, max_share, nu = self._pass(values, alphas, center)
+      floors.append(nu)
       relative_gradient = tf.math.divide_no_nan(
           tf.norm(proposal - center) * beta_sum, alpha_sum)
       # As the secure factory: tolerance 0 never freezes, and the pass revealing
@@ -170,8 +190,9 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
       relative_gradients.append(relative_gradient)
       max_shares.append(max_share)
     distances = tf.sqrt(squared_distances_to(values, center))
+    last_nu = floors[-1] if floors else self._floor(alphas, distances)
     objectives.append(tf.reduce_sum(
-        alphas * geometric_median.smoothed_norm(distances, self._nu)))
+        alphas * geometric_median.smoothed_norm(distances, last_nu)))
     result = tf.cast(center, values.dtype)
     new_state = result if self._initial_point == 'previous' else state
     return result, new_state, collections.OrderedDict(
@@ -179,6 +200,7 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
         relative_gradient=_vector(relative_gradients),
         num_passes_applied=passes,
         frozen_at_pass=frozen_at,
+        nu=_vector(floors),
         max_effective_weight=tf.reduce_max(tf.stack(max_shares)))
 
 

@@ -28,6 +28,7 @@ def build_robust_federated_aggregation_process(
     nu: Optional[float] = None,
     tolerance: Optional[float] = None,
     initial_point: str = 'zero',
+    relative_nu: Optional[float] = None,
     inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     report_max_effective_weight: bool = True,
     client_weighting: Optional[tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
@@ -50,14 +51,17 @@ def build_robust_federated_aggregation_process(
     server_optimizer_fn: a `tff.learning.optimizers.Optimizer` applying the aggregate;
       defaults to SGD with learning rate 1 (the aggregate becomes the model delta).
     num_communication_passes: secure-average calls per round (paper default 3).
-    nu: smoothing floor ν on distances (None: the paper's 1e-6).
+    nu: an absolute smoothing floor ν on distances (the paper's: 1e-6). At most one
+      of `nu` and `relative_nu`.
     tolerance: relative gradient ‖∇g_ν‖/Σα at which the estimate freezes (0: every
       pass is applied; None: 1e-6); see `GeometricMedianFactory`. Not the original
-      TFF RFA's `tolerance` (which is ν): a positive value without `nu` raises.
+      TFF RFA's `tolerance` (which is ν): a positive value without a ν raises.
     initial_point: 'zero' (the zero update, i.e. the current model; default, chosen
       by `benchmarks/gm_start_point.py` and `benchmarks/gm_start_study.py`), 'mean'
       (the paper's start) or 'previous' (the previous round's aggregate, i.e. model
       delta, kept in the aggregator state).
+    relative_nu: ν relative to the clients' robust typical distance to each pass's
+      estimate (None and no `nu`: 0.2); see `GeometricMedianFactory`.
     inner_mean_factory: the weighted mean each pass goes through (secure sum, DP).
     report_max_effective_weight: see `GeometricMedianFactory`.
     client_weighting: α_i: `tff.learning.ClientWeighting.NUM_EXAMPLES` (paper) or
@@ -75,6 +79,7 @@ def build_robust_federated_aggregation_process(
       geometric_median.GeometricMedianFactory(
           num_communication_passes=num_communication_passes,
           nu=nu,
+          relative_nu=relative_nu,
           tolerance=tolerance,
           inner_mean_factory=inner_mean_factory,
           initial_point=initial_point,
@@ -94,20 +99,23 @@ def build_one_step_robust_federated_aggregation_process(
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     *,
-    nu: float = 1e-6,
+    nu: Optional[float] = None,
+    relative_nu: Optional[float] = None,
     inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     **fed_avg_kwargs,
 ) -> tff.learning.templates.LearningProcess:
   """One-step RFA (paper Algorithm 3): one secure-average call per round, like FedAvg.
 
   Same interface as `build_robust_federated_aggregation_process`; `fed_avg_kwargs` are
-  `build_weighted_fed_avg`'s keyword arguments (client_weighting, ...).
+  `build_weighted_fed_avg`'s keyword arguments (client_weighting, ...). With the
+  default relative ν a round makes one more (scalar-histogram) sum before the mean;
+  `nu=1e-6` is the paper's single-aggregation form.
   """
   _check_optimizer('client_optimizer_fn', client_optimizer_fn)
   _check_optimizer('server_optimizer_fn', server_optimizer_fn)
   aggregator = nonfinite.NonfiniteFilteringFactory(
       geometric_median.one_step_geometric_median_factory(
-          nu=nu, inner_mean_factory=inner_mean_factory))
+          nu=nu, relative_nu=relative_nu, inner_mean_factory=inner_mean_factory))
   return build_process_with_aggregator(
       model_fn, client_optimizer_fn, server_optimizer_fn, aggregator, **fed_avg_kwargs)
 

@@ -191,8 +191,9 @@ class _Passes:
 
 
 class _GeometricMedianPasses(_Passes):
-  """The passes of `GeometricMedianFactory` (its own `WeiszfeldSteps`) as one
-  computation each, and their Python driver."""
+  """The aggregations of `GeometricMedianFactory` (its own `WeiszfeldSteps`) as one
+  computation each (with a relative ν, every pass is preceded by the computation of
+  its floor ν), and their Python driver."""
 
   def __init__(self, factory: geometric_median.GeometricMedianFactory, value_type,
                weight_type, clean):
@@ -200,23 +201,36 @@ class _GeometricMedianPasses(_Passes):
     self._process = factory.create(value_type, weight_type)
     self._num_passes = factory.num_communication_passes
     self._report_objective = factory.report_objective
-    inner, state_type = _inner_mean(factory, value_type)
+    inner = factory.inner_mean_factory.create(value_type, geometric_median.BETA_TYPE)
+    state_type = inner.initialize.type_signature.result
     steps = geometric_median.WeiszfeldSteps(factory, value_type)
+    self._steps = steps
     server_value, client_value, client_weight = _pass_types(value_type, weight_type)
+    server_nu = tff.FederatedType(np.float64, tff.SERVER)
     several_passes = self._num_passes > 1
     self._warm_start = steps.warm_start
     # The warm start's pass 1 takes the whole state: the inner one and its start.
     first_state_type = (self._process.initialize.type_signature.result
                         if self._warm_start else state_type)
 
-    @tff.federated_computation(first_state_type, client_value, client_weight)
-    def first_pass(state, value, weight):
+    @tff.federated_computation(server_value, client_value, client_weight)
+    def smoothing_from(center, value, weight):
+      value, alpha, _ = clean(value, weight)
+      return steps.smoothing(center, value, alpha)
+
+    @tff.federated_computation(client_value, client_weight)
+    def smoothing_from_zero(value, weight):
+      value, alpha, _ = clean(value, weight)
+      return steps.smoothing(None, value, alpha)
+
+    @tff.federated_computation(first_state_type, server_nu, client_value, client_weight)
+    def first_pass(state, nu, value, weight):
       value, alpha, num_dropped = clean(value, weight)
       if self._warm_start:
-        first = steps.first_pass(inner, state.inner, value, alpha,
+        first = steps.first_pass(inner, state.inner, value, alpha, nu,
                                  start=state[geometric_median.PREVIOUS_AGGREGATE])
       else:
-        first = steps.first_pass(inner, state, value, alpha)
+        first = steps.first_pass(inner, state, value, alpha, nu)
       result = collections.OrderedDict(
           state=first['output'].state, center=first['output'].result,
           measurements=first['output'].measurements)
@@ -229,11 +243,11 @@ class _GeometricMedianPasses(_Passes):
     @tff.federated_computation(
         state_type, server_value, tff.FederatedType(steps.loop_type, tff.SERVER),
         tff.FederatedType(np.int32, tff.SERVER), tff.FederatedType(np.float32, tff.SERVER),
-        client_value, client_weight)
-    def weiszfeld_pass(state, center, loop, this_pass, alpha_sum, value, weight):
+        server_nu, client_value, client_weight)
+    def weiszfeld_pass(state, center, loop, this_pass, alpha_sum, nu, value, weight):
       value, alpha, _ = clean(value, weight)
       step = steps.weiszfeld_pass(inner, state, center, loop, this_pass, value, alpha,
-                                  alpha_sum)
+                                  alpha_sum, nu)
       result = collections.OrderedDict(
           state=step['output'].state, center=step['center'], loop=step['loop'],
           objective=step['objective'], relative_gradient=step['relative_gradient'],
@@ -242,22 +256,43 @@ class _GeometricMedianPasses(_Passes):
         result['max_weight'] = step['max_weight']
       return result
 
-    @tff.federated_computation(server_value, client_value, client_weight)
-    def objective_pass(center, value, weight):
+    @tff.federated_computation(server_value, server_nu, client_value, client_weight)
+    def objective_pass(center, nu, value, weight):
       value, alpha, _ = clean(value, weight)
-      return steps.objective(center, value, alpha)
+      return steps.objective(center, value, alpha, nu)
 
+    self.smoothing_from = smoothing_from
+    self.smoothing_from_zero = smoothing_from_zero
     self.first_pass = first_pass
     self.weiszfeld_pass = weiszfeld_pass
     self.objective_pass = objective_pass
 
   @property
   def computations_per_call(self) -> int:
-    return self._num_passes + int(self._report_objective)
+    floors = self._num_passes if self._steps.relative else 0
+    if self._factory.initial_point == 'mean' and floors:
+      floors -= 1  # The mean start's pass 1 has no floor...
+      floors += int(self._report_objective and self._num_passes == 1)  # ...unless.
+    return self._num_passes + int(self._report_objective) + floors
+
+  def _floor(self, center, value, weight):
+    """ν for a step from `center` (None: from zero) as a numpy float64."""
+    if not self._steps.relative:
+      return np.float64(self._factory.nu)
+    if center is None:
+      return self.smoothing_from_zero(value, weight)
+    return self.smoothing_from(center, value, weight)
 
   def next(self, state, value, weight):
     """The factory's `next`, pass by pass; also the first pass's non-finite count."""
-    first = self.first_pass(state, value, weight)
+    floors = []
+    if self._warm_start:
+      floors.append(self._floor(state[geometric_median.PREVIOUS_AGGREGATE], value,
+                                weight))
+    elif self._steps.zero_start_pass:
+      floors.append(self._floor(None, value, weight))
+    # The mean start's pass 1 takes no floor; any float64 fills the argument.
+    first = self.first_pass(state, floors[0] if floors else np.float64(0), value, weight)
     state, center, inner_measurements = (first['state'], first['center'],
                                          first['measurements'])
     max_weights = [first.get('max_weight')]
@@ -265,18 +300,20 @@ class _GeometricMedianPasses(_Passes):
                                    passes=np.int32(1))
     objectives, relative_gradients = [], []
     for r in range(2, self._num_passes + 1):
+      floors.append(self._floor(center, value, weight))
       step = self.weiszfeld_pass(state, center, loop, np.int32(r), first['alpha_sum'],
-                                 value, weight)
+                                 floors[-1], value, weight)
       state, center, loop, inner_measurements = (
           step['state'], step['center'], step['loop'], step['measurements'])
       objectives.append(step['objective'])
       relative_gradients.append(step['relative_gradient'])
       max_weights.append(step.get('max_weight'))
     if self._report_objective:
-      objectives.append(self.objective_pass(center, value, weight))
+      nu = floors[-1] if floors else self._floor(center, value, weight)
+      objectives.append(self.objective_pass(center, nu, value, weight))
     measurements = self._factory.measurements(
         objectives, np.int32(loop['passes']), np.int32(loop['frozen_at']),
-        relative_gradients, max_weights, inner_measurements,
+        relative_gradients, max_weights, floors, inner_measurements,
         stack=lambda values, dtype: np.array(values, dtype.as_numpy_dtype),
         max_of=np.max, constant=lambda x: x)
     if self._warm_start:

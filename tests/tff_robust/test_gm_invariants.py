@@ -1,0 +1,206 @@
+"""Invariants of the default geometric median and one-step RFA, against float64 numpy.
+
+No single client pins the estimate (a free rider's zero update, a tiny update, a
+client sending exactly an iterate), the result scales with the updates, extreme
+clients keep their tiny weight, float64 stays float64, and every path (the single
+computation, pass by pass, gathered at the server) gives the same answer.
+"""
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow_federated as tff
+
+import tff_robust
+from baselines import geometric_median as gathered
+from tff_robust import passwise
+
+NUM_HONEST = 19
+
+
+def exact_geometric_median(points, alphas):
+  """argmin_v Σ α_i ‖v − x_i‖ in float64, Weiszfeld run to convergence from the mean
+  (no smoothing: no client of these cases sits on the median)."""
+  v = np.average(points, axis=0, weights=alphas)
+  for _ in range(100_000):
+    beta = alphas / np.maximum(np.linalg.norm(points - v, axis=1), 1e-300)
+    proposal = beta @ points / beta.sum()
+    if np.linalg.norm(proposal - v) <= 1e-14 * np.linalg.norm(v):
+      return proposal
+    v = proposal
+  return v
+
+
+def robust_typical_distance(distances, alphas):
+  """The scale of `tff_robust.robust_scale`, written from its definition: the
+  α-weighted geometric mean of the positive distances whose ⌊log2⌋ is within 4 of
+  the ⌊log2⌋ of the α-weighted median (buckets clamped to [−160, 159])."""
+  counted = distances > 0
+  exponents = np.clip(np.floor(np.log2(distances[counted])), -160, 159)
+  weights = alphas[counted]
+  order = np.argsort(exponents, kind='stable')
+  cumulative = np.cumsum(weights[order])
+  median_exponent = exponents[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])]
+  near = np.abs(exponents - median_exponent) <= 4
+  return 2.0 ** (np.sum(weights[near] * np.log2(distances[counted][near]))
+                 / np.sum(weights[near]))
+
+
+def numpy_default_gm(points, alphas, passes, relative_nu=0.2):
+  """Algorithm 2 from v = 0 (Algorithm 3 for one pass), ν relative per pass, no early
+  stop (the cases here do not reach the 1e-6 tolerance in 3 passes)."""
+  v = np.zeros(points.shape[1])
+  for _ in range(passes):
+    distances = np.linalg.norm(points - v, axis=1)
+    nu = relative_nu * robust_typical_distance(distances, alphas)
+    beta = alphas / np.maximum(distances, nu)
+    v = beta @ points / beta.sum()
+  return v
+
+
+def honest_updates(dimension, kind, seed=0):
+  rng = np.random.default_rng(seed)
+  if kind == 'agreeing':  # The issue's: each coordinate 1 + 0.5·N(0, 1).
+    return 1.0 + 0.5 * rng.standard_normal((NUM_HONEST, dimension))
+  return rng.standard_normal((NUM_HONEST, dimension))
+
+
+def with_client(honest, client):
+  if client == 'zero':
+    extra = np.zeros(honest.shape[1])
+  elif client == 'tiny':  # Norm 1e-3 × the honest scale.
+    extra = 1e-3 * honest[0]
+  elif client == 'far':
+    extra = np.full(honest.shape[1], 1e30)
+  elif client.startswith('iterate'):  # Exactly the default's iterate k without it.
+    passes = int(client[len('iterate'):])
+    extra = numpy_default_gm(honest, np.ones(NUM_HONEST), passes)
+  else:
+    raise ValueError(client)
+  return np.vstack([honest, extra[np.newaxis]])
+
+
+def run(factory, points, alphas=None, dtype=np.float32, path='fused'):
+  alphas = np.ones(len(points)) if alphas is None else alphas
+  value_type = tff.TensorType(dtype, [points.shape[1]])
+  weight_type = tff.TensorType(np.float32)
+  if path == 'passwise':
+    process = passwise.PasswiseFactory(factory).create(value_type, weight_type)
+  else:
+    process = factory.create(value_type, weight_type)
+  output = process.next(process.initialize(), [p.astype(dtype) for p in points],
+                        [np.float32(a) for a in alphas])
+  return np.asarray(output.result), output.measurements
+
+
+def relative_distance(actual, expected):
+  return np.linalg.norm(actual - expected) / np.linalg.norm(expected)
+
+
+CLIENTS = ['zero', 'tiny', 'iterate1', 'iterate2']
+
+
+class NoSingleClientPinsTheEstimateTest(parameterized.TestCase):
+
+  @parameterized.product(client=CLIENTS, case=[('agreeing', 100), ('normal', 1000)])
+  def test_default_gm_is_near_the_median(self, client, case):
+    points = with_client(honest_updates(case[1], case[0]), client)
+    median = exact_geometric_median(points, np.ones(len(points)))
+    result, measurements = run(tff_robust.GeometricMedianFactory(), points)
+    self.assertLess(relative_distance(result, median), 0.05)
+    self.assertLen(measurements['nu'], 3)
+    # And it is the numpy Algorithm 2 with the relative ν, to float32 rounding.
+    expected = numpy_default_gm(points, np.ones(len(points)), 3)
+    self.assertLess(relative_distance(result, expected), 1e-5)
+
+  @parameterized.product(client=['zero', 'tiny'], case=[('agreeing', 100),
+                                                         ('normal', 1000)])
+  def test_one_step_is_not_pulled_to_the_client(self, client, case):
+    points = with_client(honest_updates(case[1], case[0]), client)
+    median = exact_geometric_median(points, np.ones(len(points)))
+    result, _ = run(tff_robust.one_step_geometric_median_factory(), points)
+    self.assertGreater(np.linalg.norm(result), 0.5 * np.linalg.norm(median))
+    expected = numpy_default_gm(points, np.ones(len(points)), 1)
+    self.assertLess(relative_distance(result, expected), 1e-5)
+
+  def test_the_papers_absolute_nu_is_one_argument_away(self):
+    # And it is what the default used to do: the zero update pins it near zero.
+    points = with_client(honest_updates(100, 'agreeing'), 'zero')
+    median = exact_geometric_median(points, np.ones(len(points)))
+    result, measurements = run(
+        tff_robust.GeometricMedianFactory(nu=tff_robust.geometric_median.PAPER_NU),
+        points)
+    self.assertLess(np.linalg.norm(result), 1e-2 * np.linalg.norm(median))
+    np.testing.assert_array_equal(measurements['nu'], [1e-6] * 3)
+
+  def test_a_far_client_keeps_its_weight(self):
+    points = with_client(honest_updates(100, 'agreeing'), 'far')
+    median = exact_geometric_median(points, np.ones(len(points)))
+    result, _ = run(tff_robust.GeometricMedianFactory(), points)
+    self.assertLess(relative_distance(result, median), 1e-3)
+
+
+class ScaleEquivarianceTest(parameterized.TestCase):
+
+  @parameterized.product(scale=[1e-6, 3.7e-3, 1e3, 1e6],
+                         factory=['gm', 'one_step'], client=['zero', 'tiny'])
+  def test_scaling_every_update_scales_the_result(self, scale, factory, client):
+    make = (tff_robust.GeometricMedianFactory if factory == 'gm'
+            else tff_robust.one_step_geometric_median_factory)
+    points = with_client(honest_updates(100, 'agreeing'), client)
+    # float64 values: the check is of the algorithm, not of float32 rounding.
+    base, _ = run(make(), points, dtype=np.float64)
+    scaled, _ = run(make(), scale * points, dtype=np.float64)
+    self.assertLess(relative_distance(scaled, scale * base), 1e-5)
+
+
+class ExtremeClientsTest(parameterized.TestCase):
+
+  @parameterized.parameters('fused', 'passwise', 'gathered')
+  def test_a_client_near_the_float32_limit_keeps_its_weight(self, path):
+    # β = 1/‖x‖ of a client at 1e37 in each of 1,000 coordinates is 3e-39, below
+    # float32's smallest normal number: a float32 β is flushed to 0.
+    honest = honest_updates(1000, 'normal')
+    points = np.vstack([honest, np.full((1, 1000), 1e37)])
+    expected = numpy_default_gm(points, np.ones(len(points)), 3)
+    if path == 'gathered':
+      result, _ = run(gathered.GatheredGeometricMedianFactory(), points)
+    else:
+      result, _ = run(tff_robust.GeometricMedianFactory(), points, path=path)
+    self.assertLess(relative_distance(result, expected), 1e-5)
+
+
+class Float64AndPathsTest(parameterized.TestCase):
+
+  @parameterized.product(factory=['gm', 'one_step'], client=['zero', 'far'])
+  def test_float64_values_are_aggregated_in_float64(self, factory, client):
+    points = with_client(honest_updates(1000, 'agreeing'), client)
+    alphas = np.random.default_rng(3).uniform(1, 50, len(points))
+    passes = 3 if factory == 'gm' else 1
+    make = (tff_robust.GeometricMedianFactory if factory == 'gm'
+            else tff_robust.one_step_geometric_median_factory)
+    result, _ = run(make(), points, alphas, dtype=np.float64)
+    self.assertEqual(result.dtype, np.float64)
+    expected = numpy_default_gm(points, alphas.astype(np.float32).astype(np.float64),
+                                passes)
+    self.assertLess(relative_distance(result, expected), 1e-12)
+
+  @parameterized.product(path=['passwise', 'gathered'], start=['zero', 'mean',
+                                                               'previous'])
+  def test_every_path_gives_the_same_answer(self, path, start):
+    points = with_client(honest_updates(100, 'agreeing', seed=5), 'zero')
+    alphas = np.random.default_rng(4).uniform(1, 50, len(points))
+    fused, fused_measurements = run(
+        tff_robust.GeometricMedianFactory(initial_point=start), points, alphas)
+    if path == 'gathered':
+      other, measurements = run(
+          gathered.GatheredGeometricMedianFactory(initial_point=start), points, alphas)
+    else:
+      other, measurements = run(tff_robust.GeometricMedianFactory(initial_point=start),
+                                points, alphas, path='passwise')
+    self.assertLess(relative_distance(other, fused), 1e-5)
+    np.testing.assert_allclose(measurements['nu'], fused_measurements['nu'], rtol=1e-5)
+
+
+if __name__ == '__main__':
+  import absl.testing.absltest  # pylint: disable=g-import-not-at-top
+  absl.testing.absltest.main()
