@@ -202,6 +202,34 @@ class InnerProductManipulation(UpdateAttack):
     return -self.epsilon * honest_rows(updates, corrupted).mean(axis=0)
 
 
+@register('zero_update')
+class ZeroUpdate(UpdateAttack):
+  """The free rider: the zero update (a client whose local model did not move, or one
+  that skips training). Harmless to the mean; it pinned the geometric median with the
+  paper's absolute ν at the zero start."""
+
+  def malicious_rows(self, updates, weights, corrupted, rng):
+    del weights, rng
+    return np.zeros_like(updates[corrupted])
+
+
+@register('tiny_update')
+class TinyUpdate(UpdateAttack):
+  """A client's own update scaled to ε times the honest clients' median norm: an
+  update that is almost, but not exactly, the zero update."""
+
+  def __init__(self, epsilon: float = 1e-3):
+    self.epsilon = _positive('epsilon', epsilon)
+
+  def malicious_rows(self, updates, weights, corrupted, rng):
+    del weights, rng
+    rows = updates[corrupted]
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    honest_scale = np.median(np.linalg.norm(honest_rows(updates, corrupted), axis=1))
+    return np.where(norms > 0, rows / np.where(norms > 0, norms, 1.0), 0.0) * (
+        self.epsilon * honest_scale)
+
+
 @register('random_gaussian')
 class RandomGaussian(UpdateAttack):
   """Ditto's (A2) random Gaussian updates: the update is replaced by N(0, σ²I)."""

@@ -143,6 +143,22 @@ class CorruptUpdatesTest(parameterized.TestCase):
       if is_corrupted:
         np.testing.assert_allclose(_flat(update), expected, rtol=1e-12)
 
+  def test_zero_update_sends_zeros(self):
+    attacked = self._corrupt('zero_update')
+    for update, original, is_corrupted in zip(attacked, self.updates, self.corrupted):
+      expected = np.zeros_like(_flat(original)) if is_corrupted else _flat(original)
+      np.testing.assert_array_equal(_flat(update), expected)
+
+  @parameterized.parameters(1e-3, 0.5)
+  def test_tiny_update_is_its_direction_at_epsilon_times_the_honest_norm(self, eps):
+    honest = np.stack([_flat(u) for u, c in zip(self.updates, self.corrupted) if not c])
+    scale = eps * np.median(np.linalg.norm(honest, axis=1))
+    attacked = self._corrupt('tiny_update', epsilon=eps)
+    for i in np.flatnonzero(self.corrupted):
+      own = _flat(self.updates[i])
+      np.testing.assert_allclose(_flat(attacked[i]), scale * own / np.linalg.norm(own),
+                                 rtol=1e-6)
+
   def test_ipm_formula(self):
     honest = np.stack([_flat(u) for u, c in zip(self.updates, self.corrupted) if not c])
     attacked = self._corrupt('ipm', epsilon=0.5)
