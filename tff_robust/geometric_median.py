@@ -203,6 +203,10 @@ class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
   (which reveals the distribution of the distances, not whose they are).
   """
 
+  # 2: ν relative to the robust scale by default (was the absolute 1e-6). Runs in
+  # ledgers keyed by an older revision are retrained (`tasks.simulation.sweep`).
+  RESULTS_REVISION = 2
+
   # Client values reach the server only through sums (see the privacy tests).
   secure_compatible = True
 

@@ -8,6 +8,8 @@
        non-finite model; or flags valid one by one cannot train together
        (`flag_groups.UnworkableSettingsError`, refused right after parsing); or
        some runs of a sweep failed (the others ran; the table marks them)
+       another process owns the run directory (`run_lock`: one line naming it and
+       the owner's pid)
   3    a TFF worker failed mid-round (`--workers`)
   143  SIGTERM (finished rounds are kept)
 
@@ -25,6 +27,7 @@ from tasks.binaries import flag_groups
 from tasks.builders import data_utils
 from tasks.simulation import experiment
 from tasks.simulation import ledger
+from tasks.simulation import run_lock
 from tff_robust import runtime
 
 FLAGS_OR_OTHER_RUN = 1
@@ -32,6 +35,7 @@ BAD_FILE = 2
 NON_FINITE = 2
 UNWORKABLE_SETTINGS = 2
 RUNS_FAILED = 2
+RUN_OWNED = 2
 WORKER_FAILED = 3
 
 # Errors whose message is the whole story (the file or flag, the problem and the fix),
@@ -39,6 +43,7 @@ WORKER_FAILED = 3
 ONE_LINE_ERRORS = (
     ((experiment.RunFileError, data_utils.MissingDataError,
       data_utils.MalformedDataError, ledger.LedgerError), BAD_FILE),
+    ((run_lock.RunLockedError,), RUN_OWNED),
     ((flag_groups.UnworkableSettingsError,), UNWORKABLE_SETTINGS),
     ((experiment.ConfigMismatchError,), FLAGS_OR_OTHER_RUN),
 )

@@ -20,7 +20,10 @@ aggregator, attack, rho and seed): `metrics.csv` with one row per round, the col
   aggregator/max_effective_weight, aggregator/num_nonfinite_clients)
 
 (personalized client work adds its evaluation columns), the same values in
-`tensorboard/`, the run's `config.json` and `checkpoints/`. Killed at any moment and
+`tensorboard/`, the run's `config.json` and `checkpoints/` (each carrying the run's
+configuration: other flags are refused even without config.json). One process owns
+the directory (`owner.lock`): a second one exits with status 2, naming the owner's
+pid. Killed at any moment and
 restarted with the same flags, a run resumes after its last finished round; a larger
 --rounds extends a finished run; a damaged latest checkpoint is skipped for the newest
 readable one (`tasks.simulation.experiment`). A round that leaves a non-finite model
@@ -47,6 +50,7 @@ from tasks.simulation import attacks
 from tasks.simulation import distributed as distributed_simulation
 from tasks.simulation import experiment
 from tasks.simulation import loop
+from tasks.simulation import run_lock
 from tff_robust import distributed
 
 FLAGS = flags.FLAGS
@@ -140,10 +144,12 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   flag_groups.quiet_logs()
   output_dir = os.path.join(FLAGS.root_output_dir, experiment_name())
-  experiment.check_config(output_dir, flag_groups.run_config(),
-                          ignore=flag_groups.RESUMABLE_CHANGES)
-  task = flag_groups.task_from_flags(FLAGS.seed)
   with contextlib.ExitStack() as stack:
+    # One process per run directory, from before its config.json is checked.
+    stack.enter_context(run_lock.owned(output_dir))
+    experiment.check_config(output_dir, flag_groups.run_config(),
+                            ignore=flag_groups.RESUMABLE_CHANGES)
+    task = flag_groups.task_from_flags(FLAGS.seed)
     context = None
     if FLAGS.workers:
       try:
@@ -166,7 +172,9 @@ def main(argv):
             file=sys.stderr)
     try:
       experiment.run_experiment(simulation, output_dir, FLAGS.rounds,
-                                FLAGS.eval_period, progress=FLAGS.progress,
+                                FLAGS.eval_period, config=flag_groups.run_config(),
+                                resumable_changes=flag_groups.RESUMABLE_CHANGES,
+                                progress=FLAGS.progress,
                                 tensorboard=FLAGS.tensorboard,
                                 description=experiment_name(),
                                 checkpoint_period=FLAGS.checkpoint_period)

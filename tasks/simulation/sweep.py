@@ -44,6 +44,7 @@ import matplotlib
 matplotlib.use('Agg')  # Files only; no display on a server.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
+import tensorflow_federated as tff
 
 from tasks import registry
 from tasks.simulation import attacks
@@ -282,11 +283,40 @@ def run_fingerprint(task, spec: SweepSpec, run: Run) -> str:
   server optimizer, the local work (epochs, batch size, cap), how the data was built
   (`Task.provenance`), the partition (every client id with its example count) and
   `FINGERPRINT_VERSION`."""
-  return ledger.fingerprint(dict(
+  config = dict(
       run_config(task, spec, run), rounds=spec.rounds, eval_period=spec.eval_period,
       server_optimizer=_describe(spec.simulation_kwargs.get('server_optimizer')),
       client_spec=dataclasses.asdict(task.client_spec), data=dict(task.provenance),
-      partition=_partition_digest(task), version=FINGERPRINT_VERSION))
+      partition=_partition_digest(task), version=FINGERPRINT_VERSION)
+  revisions = aggregator_revisions(registry.aggregator_from_name(
+      run.aggregator, assumed_byzantine_fraction=run.rho,
+      **spec.aggregator_args.get(run.aggregator, {})))
+  if revisions:  # Absent while every factory is at its first revision.
+    config['aggregator_revisions'] = revisions
+  return ledger.fingerprint(config)
+
+
+_FACTORY_TYPES = (tff.aggregators.WeightedAggregationFactory,
+                  tff.aggregators.UnweightedAggregationFactory)
+
+
+def aggregator_revisions(factory) -> dict[str, int]:
+  """{class name: `RESULTS_REVISION`} of every factory in `factory`'s wrapping chain
+  that declares one. A factory whose results change for the same arguments (a new
+  default) bumps its `RESULTS_REVISION`, so the runs using it are retrained instead
+  of taken from the ledger; the other runs keep their fingerprints."""
+  found, pending, seen = {}, [factory], set()
+  while pending:
+    obj = pending.pop()
+    if id(obj) in seen:
+      continue
+    seen.add(id(obj))
+    revision = getattr(type(obj), 'RESULTS_REVISION', None)
+    if revision is not None:
+      found[type(obj).__name__] = revision
+    pending.extend(v for v in getattr(obj, '__dict__', {}).values()
+                   if isinstance(v, _FACTORY_TYPES))
+  return dict(sorted(found.items()))
 
 
 def _partition_digest(task) -> str:

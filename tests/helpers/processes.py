@@ -1,7 +1,10 @@
 """Helpers of the tests that start Python programs: quiet TensorFlow, and which
 worker_binary processes a program started and whether they still run."""
 
+import contextlib
 import os
+import subprocess
+import sys
 
 from tff_robust import runtime
 
@@ -31,3 +34,25 @@ def running(pids) -> list[int]:
 def worker_children(parent: int) -> list[int]:
   """The running worker_binary children of process `parent`."""
   return runtime.worker_binaries(parent)
+
+
+# Owns a run directory (argv[1]) until its stdin closes; prints `locked` once it does.
+_RUN_OWNER = ('import sys; from tasks.simulation import run_lock\n'
+              'with run_lock.owned(sys.argv[1]):\n'
+              '  print("locked", flush=True); sys.stdin.read()\n')
+
+
+@contextlib.contextmanager
+def run_owner(directory: str, cwd: str):
+  """Another process owning run directory `directory` for the block, already owning
+  it when the block starts (it says so: no fixed wait). Yields its Popen."""
+  child = subprocess.Popen([sys.executable, '-c', _RUN_OWNER, directory], cwd=cwd,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  try:
+    assert child.stdout.readline() == 'locked\n', 'the owner process did not start'
+    yield child
+  finally:
+    child.kill()
+    child.wait()
+    child.stdin.close()
+    child.stdout.close()

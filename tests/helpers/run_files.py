@@ -57,6 +57,27 @@ def drop_row_of_round_1(directory):
   return path
 
 
+def repeat_row_of_round_0(directory, changed=False):
+  """Inserts a second row of round 0 after the first (two processes wrote the run),
+  with another train loss if `changed`."""
+  path = os.path.join(directory, experiment.METRICS_FILE)
+  with open(path, newline='') as f:
+    lines = f.read().splitlines(keepends=True)
+  line = lines[1].replace(',', ',9', 1) if changed else lines[1]
+  replace_line(path, 2, lines[1] + line)
+  return path
+
+
+def cut_off_last_row(directory, line_end=''):
+  """Cuts the last row of metrics.csv in half (a kill mid-write, by older versions),
+  ending it with `line_end`."""
+  path = os.path.join(directory, experiment.METRICS_FILE)
+  with open(path, newline='') as f:
+    lines = f.read().splitlines(keepends=True)
+  replace_line(path, len(lines), lines[-1][:len(lines[-1]) // 2] + line_end)
+  return path
+
+
 def garble_header(directory):
   path = os.path.join(directory, experiment.METRICS_FILE)
   replace_line(path, 1, 'x\x00y,z\r\n')
@@ -89,6 +110,8 @@ BAD_FILES = (
     ('truncated_row_of_a_finished_round', truncate_row_of_round_1,
      'line 3 has .* columns'),
     ('missing_row_of_a_finished_round', drop_row_of_round_1, 'no row for round.* 1'),
+    ('repeated_row_with_other_values', lambda d: repeat_row_of_round_0(d, True),
+     'line 3 repeats round 0 of line 2 with other values'),
     ('garbled_header', garble_header, "no 'round' column"),
     ('junk_config', junk_config, 'not valid JSON'),
     ('tensorboard_is_a_file', tensorboard_file, 'not a directory'),

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 from absl import flags
 from absl.testing import flagsaver
@@ -15,6 +16,7 @@ from absl.testing import parameterized
 from tasks.binaries import exit_status
 from tasks.binaries import train
 from tasks.simulation import experiment
+from tasks.simulation import loop
 from tests.helpers import processes
 from tests.helpers import run_files
 
@@ -46,6 +48,11 @@ def _train_in_process(**flag_values):
         status = e.code
     stderr.seek(0)
     return status, stderr.read()
+
+
+def _metrics_lines(run_dir):
+  with open(os.path.join(run_dir, experiment.METRICS_FILE), newline='') as f:
+    return f.read().splitlines(keepends=True)
 
 
 def _junk_data_file(directory):
@@ -97,6 +104,54 @@ class TrainFilesTest(parameterized.TestCase):
     self.assertRegex(stderr, problem)
     with open(metrics, 'rb') as f:
       self.assertEqual(f.read(), rows_before)  # No finished round lost.
+
+  def test_a_run_owned_by_another_process_exits_2_naming_its_pid(self):
+    root = self._copy_of_finished_run()
+    run_dir = os.path.join(root, 'run')
+    before = _metrics_lines(run_dir)
+    with processes.run_owner(run_dir, _REPO) as owner:
+      status, stderr = _train_in_process(rounds=_FINISHED + 1, root_output_dir=root,
+                                         **_RUN)
+    self.assertEqual(status, exit_status.RUN_OWNED, stderr)
+    self._assert_one_error_line_naming(stderr, f'{run_dir}: process {owner.pid} is '
+                                       'running this run')
+    self.assertEqual(_metrics_lines(run_dir), before)
+
+  def test_without_config_json_other_flags_are_refused_by_the_checkpoints(self):
+    root = self._copy_of_finished_run()
+    run_dir = os.path.join(root, 'run')
+    os.remove(os.path.join(run_dir, experiment.CONFIG_FILE))
+    before = _metrics_lines(run_dir)
+    status, stderr = _train_in_process(
+        rounds=_FINISHED + 1, root_output_dir=root,
+        **dict(_RUN, aggregator='median', attack='data', rho=0.3))
+    self.assertEqual(status, exit_status.FLAGS_OR_OTHER_RUN, stderr)
+    self._assert_one_error_line_naming(stderr, 'round_3 is a checkpoint of a run with '
+                                       "a different configuration (aggregator: 'gm' "
+                                       "→ 'median'")
+    self.assertNotIn('delete', stderr.lower())
+    self.assertEqual(_metrics_lines(run_dir), before)
+    self.assertFalse(os.path.exists(os.path.join(run_dir, experiment.CONFIG_FILE)))
+
+  def test_a_cut_off_last_row_of_a_checkpointed_round_is_rebuilt(self):
+    root = self._copy_of_finished_run()
+    run_dir = os.path.join(root, 'run')
+    finished = _metrics_lines(run_dir)
+    run_files.cut_off_last_row(run_dir)
+    status, stderr = _train_in_process(rounds=_FINISHED + 1, root_output_dir=root,
+                                       **_RUN)
+    self.assertEqual(status, 0, stderr)
+    self.assertEqual(_metrics_lines(run_dir)[:len(finished)], finished)
+    self.assertLen(_metrics_lines(run_dir), _FINISHED + 2)
+
+  def test_a_run_stopped_in_round_0_takes_the_corrected_flags(self):
+    root = tempfile.mkdtemp(dir=self.root)
+    with mock.patch.object(loop.Simulation, 'run_round', side_effect=KeyboardInterrupt):
+      with self.assertRaises(KeyboardInterrupt):
+        _train_in_process(rounds=1, root_output_dir=root, **_RUN)
+    status, stderr = _train_in_process(rounds=1, root_output_dir=root,
+                                       **dict(_RUN, clients_per_round=4))
+    self.assertEqual(status, 0, stderr)
 
   def test_junk_data_file_exits_2_naming_it(self):
     data_dir = tempfile.mkdtemp(dir=self.root)

@@ -2,6 +2,7 @@
 checkpoint, repair of a cut-off metrics row, and a RunFileError (leaving every file as
 found) for what cannot be resumed around."""
 
+import collections
 import csv
 import errno
 import json
@@ -33,8 +34,9 @@ def _simulation():
                          rho=0.2, clients_per_round=3, seed=0)
 
 
-def _run(simulation, directory, rounds, log=None, checkpoint_period=1):
-  return experiment.run_experiment(simulation, directory, rounds, config=_CONFIG,
+def _run(simulation, directory, rounds, log=None, checkpoint_period=1,
+         config=_CONFIG):
+  return experiment.run_experiment(simulation, directory, rounds, config=config,
                                    progress=False, tensorboard=True,
                                    checkpoint_period=checkpoint_period,
                                    log=log or (lambda message: None))
@@ -43,6 +45,22 @@ def _run(simulation, directory, rounds, log=None, checkpoint_period=1):
 def _rows(directory):
   with open(os.path.join(directory, experiment.METRICS_FILE), newline='') as f:
     return list(csv.DictReader(f))
+
+
+def _tensorboard_steps(directory):
+  """tag → the steps of its values in the run's event files, in file order."""
+  steps = collections.defaultdict(list)
+  tensorboard = os.path.join(directory, experiment.TENSORBOARD_DIR)
+  for name in sorted(os.listdir(tensorboard)):
+    for event in tf.compat.v1.train.summary_iterator(os.path.join(tensorboard, name)):
+      for value in event.summary.value:
+        steps[value.tag].append(event.step)
+  return steps
+
+
+def _config(directory):
+  with open(os.path.join(directory, experiment.CONFIG_FILE)) as f:
+    return json.load(f)
 
 
 def _snapshot(directory):
@@ -212,6 +230,80 @@ class ExperimentFilesTest(parameterized.TestCase):
     self.assertEqual(sorted(os.listdir(checkpoints)), ['round_2', 'round_4'])
     self._assert_equals_the_uninterrupted_run(directory)
 
+  def test_a_repeated_row_equal_to_the_first_is_dropped(self):
+    directory = self._copy_of_finished_run()
+    run_files.repeat_row_of_round_0(directory)
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertRegex(messages[0], r'metrics.csv: dropped line 3, a second row of round '
+                     r'0 \(line 2\)')
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  @parameterized.named_parameters(('without_line_end', ''), ('with_line_end', '\r\n'))
+  def test_a_cut_off_row_of_the_last_checkpointed_round_is_rebuilt(self, line_end):
+    directory = self._copy_of_finished_run()
+    run_files.cut_off_last_row(directory, line_end)
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    self.assertRegex(messages[0], 'metrics.csv: line 4 .*: the row of round 2, which is '
+                     'checkpointed; rebuilding it by rerunning')
+    self._assert_equals_the_uninterrupted_run(directory)
+    self.assertEqual(
+        sorted(os.listdir(os.path.join(directory, experiment.CHECKPOINTS_DIR))),
+        ['round_1', 'round_3', 'round_4'])
+
+  def test_tensorboard_holds_one_value_per_step_after_a_resume(self):
+    directory = self._copy_of_finished_run()
+    self.assertEqual(_tensorboard_steps(directory)['train_loss'], [0, 1, 2])
+    run_files.garble_variables(run_files.checkpoint(directory, 3))  # Reruns round 2.
+    _run(self.simulation, directory, _ROUNDS)
+    steps = _tensorboard_steps(directory)
+    self.assertEqual(steps['train_loss'], [0, 1, 2, 3])
+    self.assertEqual(steps['test_accuracy'], [0, 1, 2, 3])
+
+  def test_without_config_json_the_checkpoints_refuse_other_flags(self):
+    directory = self._copy_of_finished_run()
+    os.remove(os.path.join(directory, experiment.CONFIG_FILE))
+    before = _snapshot(directory)
+    with self.assertRaisesRegex(
+        experiment.ConfigMismatchError,
+        r"round_3 is a checkpoint of a run with a different configuration \(run: "
+        r"'test' → 'other'; fingerprint \w+, these flags \w+\): it is not resumed"):
+      _run(self.simulation, directory, _ROUNDS, config={'run': 'other'})
+    self.assertEqual(_snapshot(directory), before)
+    _run(self.simulation, directory, _ROUNDS)  # The run's own flags resume it.
+    self._assert_equals_the_uninterrupted_run(directory)
+    self.assertEqual(_config(directory), _CONFIG)
+
+  @parameterized.named_parameters(('config_json_kept', True),
+                                  ('config_json_deleted', False))
+  def test_checkpoints_without_a_configuration_need_config_json(self, kept):
+    directory = os.path.join(self.root, f'older_checkpoints_{kept}')
+    checkpoint = experiment._checkpoint  # pylint: disable=protected-access
+    with mock.patch.object(experiment, '_checkpoint',
+                           lambda state, calls, _: checkpoint(state, calls, None)):
+      _run(self.simulation, directory, _FINISHED)  # As an older version wrote them.
+    if kept:
+      _run(self.simulation, directory, _ROUNDS)
+      self._assert_equals_the_uninterrupted_run(directory)
+      return
+    os.remove(os.path.join(directory, experiment.CONFIG_FILE))
+    with self.assertRaisesRegex(experiment.RunFileError,
+                                'round_3: carries no configuration .* Restore config'):
+      _run(self.simulation, directory, _ROUNDS)
+
+  def test_a_run_stopped_in_round_0_takes_the_corrected_flags(self):
+    directory = os.path.join(self.root, 'stopped_in_round_0')
+    with mock.patch.object(self.simulation, 'run_round',
+                           side_effect=KeyboardInterrupt):
+      with self.assertRaises(KeyboardInterrupt):
+        _run(self.simulation, directory, _ROUNDS, config={'run': 'mistaken'})
+    with open(os.path.join(directory, experiment.METRICS_FILE)) as f:
+      self.assertEqual(f.read(), 'round\n')  # Only the header.
+    _run(self.simulation, directory, _ROUNDS)
+    self._assert_equals_the_uninterrupted_run(directory)
+    self.assertEqual(_config(directory), _CONFIG)
+
   @parameterized.named_parameters(*run_files.BAD_FILES)
   def test_what_cannot_be_resumed_is_named_and_left_as_found(self, damage, problem):
     directory = self._copy_of_finished_run()
@@ -243,6 +335,9 @@ class CheckConfigTest(parameterized.TestCase):
     if finished == 'metrics':
       with open(os.path.join(directory, experiment.METRICS_FILE), 'w') as f:
         f.write('round,train_loss\n0,1.0\n')
+    elif finished == 'header':
+      with open(os.path.join(directory, experiment.METRICS_FILE), 'w') as f:
+        f.write('round,train_loss\n')
     elif finished == 'checkpoint':
       os.makedirs(os.path.join(directory, experiment.CHECKPOINTS_DIR, 'round_1'))
     return directory
@@ -264,9 +359,11 @@ class CheckConfigTest(parameterized.TestCase):
     experiment.check_config(directory, {'seed': 0, 'rounds': 9}, ignore=('rounds',))
     self.assertEqual(self._saved(directory), {'seed': 0, 'rounds': 5})
 
-  def test_a_run_without_a_finished_round_takes_the_new_flags(self):
-    # E.g. its data failed to load: the corrected command must not be refused.
-    directory = self._directory_with_config(finished=None)
+  @parameterized.parameters(None, 'header')
+  def test_a_run_without_a_finished_round_takes_the_new_flags(self, finished):
+    # E.g. its data failed to load, or it stopped in round 0 with metrics.csv holding
+    # only its header: the corrected command must not be refused.
+    directory = self._directory_with_config(finished)
     experiment.check_config(directory, {'seed': 1, 'rounds': 5})
     self.assertEqual(self._saved(directory), {'seed': 1, 'rounds': 5})
 

@@ -13,6 +13,7 @@ from absl.testing import parameterized
 import numpy as np
 
 from tasks import builders
+from tasks import registry
 from tasks.simulation import ledger
 from tasks.simulation import loop
 from tasks.simulation import sweep
@@ -267,3 +268,21 @@ class LedgerSweepTest(parameterized.TestCase):
       self.assertEqual(result.returncode, 0, result.stderr[-2000:])
       fingerprints.add(result.stdout.strip().splitlines()[-1])
     self.assertLen(fingerprints, 1)
+
+
+class AggregatorRevisionTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      ('gm', {'GeometricMedianFactory': 2}),
+      ('one_step_gm', {'GeometricMedianFactory': 2}),
+      ('bucketing+gm', {'GatheredGeometricMedianFactory': 2}),
+      ('arc+gm', {'GeometricMedianFactory': 2}),
+      ('median', {}),
+      ('mean', {}),
+  )
+  def test_a_revised_default_reaches_the_fingerprint_through_wrappers(self, name,
+                                                                      expected):
+    # Only the factories whose results changed declare a revision: the ledger's
+    # other runs keep their fingerprints and are not retrained.
+    factory = registry.aggregator_from_name(name, assumed_byzantine_fraction=0.1)
+    self.assertEqual(sweep.aggregator_revisions(factory), expected)
