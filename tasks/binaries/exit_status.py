@@ -11,14 +11,18 @@
        another process owns the run directory (`run_lock`: one line naming it and
        the owner's pid)
   3    a TFF worker failed mid-round (`--workers`)
-  143  SIGTERM (finished rounds are kept)
+  130  Ctrl-C (SIGINT), 143 SIGTERM: one line, "interrupted after round r; rerun the
+       same command to resume"; the finished rounds are kept
 
 The errors of status 2 are ones the user fixes by hand; their message names the file,
 what is wrong and the fix, so it is printed as one stderr line, without a traceback.
 """
 
 import contextlib
+import os
+import signal
 import sys
+import threading
 from typing import Callable
 
 from absl import app
@@ -49,6 +53,65 @@ ONE_LINE_ERRORS = (
 )
 
 
+# What the interruption line says of where the binary stopped (e.g. "after round 3");
+# set by the binary once it knows (`describe_interruption`).
+_where_interrupted: Callable[[], str] = lambda: ''
+
+
+def describe_interruption(where: Callable[[], str]) -> None:
+  """Sets the function giving where an interrupted run stopped, e.g. 'after round 3'
+  (called on Ctrl-C or SIGTERM, from the signal handler)."""
+  global _where_interrupted
+  _where_interrupted = where
+
+
+def _where() -> str:
+  # In a thread: the handler may interrupt the main thread inside a running asyncio
+  # loop, where `where` (reading the checkpoints with TFF) could not run its own.
+  found = []
+
+  def ask():
+    try:
+      found.append(_where_interrupted())
+    except Exception:  # pylint: disable=broad-except
+      pass  # The line is still worth printing without it.
+
+  asker = threading.Thread(target=ask, daemon=True)
+  asker.start()
+  asker.join(timeout=1.0)
+  return found[0] if found else ''
+
+
+def _exit_on_signal(signum, frame):
+  """Ends the binary at once, with one line, on Ctrl-C or SIGTERM.
+
+  Exiting on the spot, as SIGKILL would, is safe (a run's files survive a kill at any
+  moment and a rerun resumes: `tasks.simulation.experiment`); unwinding instead would
+  wait for the round in progress and TFF's teardown (8–15 s) and print their
+  tracebacks. The worker_binary processes are stopped first.
+  """
+  del frame
+  where = _where()
+  print(f'{os.linesep if sys.stderr.isatty() else ""}interrupted'
+        f'{" " + where if where else ""}; rerun the same command to resume',
+        file=sys.stderr, flush=True)
+  runtime.stop_worker_binaries(timeout=1.0)
+  sys.stdout.flush()
+  os._exit(128 + signum)  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def _interruptions_end_the_binary():
+  """Installs `_exit_on_signal` for SIGINT and SIGTERM in the block."""
+  previous = {sig: signal.signal(sig, _exit_on_signal)
+              for sig in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    yield
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+
+
 def exit_with(error, status: int):
   """Prints `error` as one `ERROR: ...` line on stderr and exits with `status`."""
   print('ERROR: ' + ' '.join(str(error).split()), file=sys.stderr)
@@ -77,7 +140,9 @@ def run(main: Callable[[list[str]], None],
   finalizer traceback. So does an exit on bad flags, before `main`: the stop after
   `app.run` disarms the finalizer of the executor that importing TFF created.
   `check_flags` runs right after absl's parsing, for checks across flags whose
-  errors are `ONE_LINE_ERRORS` (e.g. `flag_groups.UnworkableSettingsError`).
+  errors are `ONE_LINE_ERRORS` (e.g. `flag_groups.UnworkableSettingsError`). Ctrl-C
+  and SIGTERM end the binary within a second or two with one line, saying where it
+  stopped (`describe_interruption`), and status 130 or 143.
   """
 
   def parse_flags(argv):
@@ -92,6 +157,7 @@ def run(main: Callable[[list[str]], None],
         main(argv)
 
   try:
-    app.run(guarded_main, flags_parser=parse_flags)
+    with _interruptions_end_the_binary():
+      app.run(guarded_main, flags_parser=parse_flags)
   finally:
     runtime.stop_worker_binaries()

@@ -246,6 +246,33 @@ def test_help_prints_no_tensorflow_lines():
       result.stderr)
 
 
+@pytest.mark.parametrize('sig, status', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_run_ends_with_one_line_saying_where(tmp_path, sig, status):
+  child = subprocess.Popen(
+      [sys.executable, '-m', 'tasks.binaries.train', '--rounds=500',
+       f'--root_output_dir={tmp_path}'] + _argv(**dict(_SMALL_RUN, aggregator='mean'))[1:],
+      cwd=_REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      env=processes.quiet_env())
+  metrics = tmp_path / 'run' / experiment.METRICS_FILE
+  try:
+    # Ready once round 1's row is written: not after a fixed time.
+    while not (metrics.exists() and metrics.read_text().count('\n') >= 3):
+      assert child.poll() is None, child.stderr.read().decode()[-2000:]
+      time.sleep(0.05)
+    child.send_signal(sig)
+    stderr = child.communicate(timeout=120)[1].decode()
+  finally:
+    if child.poll() is None:
+      child.kill()
+  assert child.returncode == status, stderr[-2000:]
+  assert 'Traceback' not in stderr
+  last = re.fullmatch(r'interrupted after round (\d+); rerun the same command to resume',
+                      stderr.splitlines()[-1])
+  assert last, stderr[-2000:]
+  # A checkpoint being written when the signal came may be finished after the line.
+  assert 0 <= int(last.group(1)) < experiment.finished_rounds(str(tmp_path / 'run'))
+
+
 def test_terminated_binary_leaves_no_worker_binary(tmp_path):
   """SIGTERM during training ends the binary and its TFF workers, keeping the
   finished rounds."""
@@ -257,7 +284,8 @@ def test_terminated_binary_leaves_no_worker_binary(tmp_path):
   metrics = tmp_path / 'run' / experiment.METRICS_FILE
   try:
     deadline = time.monotonic() + 300
-    while not (metrics.exists() and metrics.read_text().count('\n') >= 2):
+    # Round 1's row: round 0 is checkpointed (SIGTERM exits at once, as SIGKILL would).
+    while not (metrics.exists() and metrics.read_text().count('\n') >= 3):
       assert child.poll() is None, child.stderr.read().decode()[-2000:]
       assert time.monotonic() < deadline, 'no round finished in time'
       time.sleep(0.2)
