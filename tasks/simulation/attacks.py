@@ -230,6 +230,24 @@ class TinyUpdate(UpdateAttack):
         self.epsilon * honest_scale)
 
 
+@register('far_update')
+class FarUpdate(UpdateAttack):
+  """A client's own update rescaled to norm `norm` (default 1e30): the extreme outlier
+  that an aggregator starting from the mean cannot recover from in a few passes."""
+
+  def __init__(self, norm: float = 1e30):
+    self.norm = _positive('norm', norm)
+
+  def malicious_rows(self, updates, weights, corrupted, rng):
+    del weights, rng
+    rows = updates[corrupted].astype(np.float64)
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    # A zero update has no direction: it is sent along the all-ones direction.
+    fallback = np.full_like(rows, 1.0 / np.sqrt(max(rows.shape[1], 1)))
+    directions = np.where(norms > 0, rows / np.where(norms > 0, norms, 1.0), fallback)
+    return (self.norm * directions).astype(updates.dtype)
+
+
 @register('random_gaussian')
 class RandomGaussian(UpdateAttack):
   """Ditto's (A2) random Gaussian updates: the update is replaced by N(0, σ²I)."""

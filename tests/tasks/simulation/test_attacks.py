@@ -159,6 +159,13 @@ class CorruptUpdatesTest(parameterized.TestCase):
       np.testing.assert_allclose(_flat(attacked[i]), scale * own / np.linalg.norm(own),
                                  rtol=1e-6)
 
+  def test_far_update_is_its_direction_at_the_given_norm(self):
+    attacked = self._corrupt('far_update', norm=1e30)
+    for i in np.flatnonzero(self.corrupted):
+      own = _flat(self.updates[i]).astype(np.float64)
+      sent = _flat(attacked[i]).astype(np.float64)
+      np.testing.assert_allclose(sent, 1e30 * own / np.linalg.norm(own), rtol=1e-6)
+
   def test_ipm_formula(self):
     honest = np.stack([_flat(u) for u, c in zip(self.updates, self.corrupted) if not c])
     attacked = self._corrupt('ipm', epsilon=0.5)
