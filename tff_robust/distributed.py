@@ -296,6 +296,20 @@ class DistributedContext(tff.framework.SyncContext):
   def invoke(self, comp, arg):
     return self._mergeable.invoke(comp, arg)
 
+  def wait_until_connected(self, timeout: float) -> None:
+    """Blocks until this context's channel to every worker is ready, e.g. after a
+    worker restarted: gRPC reconnects after a backoff that grows the longer the
+    worker was away, so a call right after the restart may find it still waiting.
+
+    Raises:
+      WorkerError: naming a worker still unreachable after `timeout` seconds.
+    """
+    for worker in self._workers:
+      try:
+        grpc.channel_ready_future(worker.channel).result(timeout=timeout)
+      except grpc.FutureTimeoutError as e:
+        raise WorkerError(worker.address, f'not reachable within {timeout:g} s.') from e
+
   def traffic(self) -> dict[str, tuple[int, int]]:
     """Worker address → (bytes sent to it, bytes received from it) so far: the
     serialized gRPC messages (values, computations, references)."""
