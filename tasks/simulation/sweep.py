@@ -52,6 +52,7 @@ from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import experiment
 from tasks.simulation import ledger
 from tasks.simulation import loop
+from tasks.simulation import run_lock
 
 DIVERGED_MARKER = 'DIVERGED'
 # Written by a run that failed (its error message); removed when it is retried.
@@ -175,43 +176,72 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
   entry into that ledger at once, so a killed sweep keeps every finished run. Without
   `keep_checkpoints` it then deletes its checkpoints (a worker-momentum run keeps
   every sampled client's momentum in them); its metrics.csv, config.json and
-  fingerprint stay, and are what mark it finished."""
+  fingerprint stay, and are what mark it finished. A run another process owns (a
+  slice side by side training the same cell, `run_lock`) is skipped with a line."""
   runs = spec.runs()
   recorded = recorded or {}
   trained = 0
   for index, run in enumerate(runs, start=1):
     directory = run_dir(output_dir, run)
     label = f'[{index}/{len(runs)}] {run.name}'
-    if os.path.exists(os.path.join(directory, DIVERGED_MARKER)):
-      log(f'{label}: diverged in an earlier session, skipped.')
-      continue
     fingerprint = run_fingerprint(task, spec, run)
-    if (_stored_fingerprint(directory) == fingerprint
-        or experiment.finished_rounds(directory) >= spec.rounds):
-      log(f'{label}: finished, skipped.')
+    skipped = _why_skipped(directory, spec, run, fingerprint, recorded)
+    if skipped:
+      log(f'{label}: {skipped}, skipped.')
       continue
-    if (run.name, fingerprint) in recorded:
-      log(f'{label}: in the ledger, skipped.')
-      continue
-    trained += 1
-    _clear_failure(directory)
     try:
-      _train_run(task, spec, run, directory, label, progress=progress,
-                 checkpoint_period=checkpoint_period, log=log)
-    except Exception as e:  # pylint: disable=broad-except
-      # One cell's failure (e.g. Krum's n > 2f + 2 broken by its ρ) must not cost the
-      # other cells their runs: it is marked, reported in the summary, and retried
-      # when the sweep is rerun.
-      _mark_failed(directory, label, e, log)
-      continue
-    with open(os.path.join(directory, FINGERPRINT_FILE), 'w') as f:
-      f.write(fingerprint + '\n')
-    if ledger_path:
-      ledger.merge(ledger_path, {(run.name, fingerprint): _entry(directory)})
-    checkpoints = os.path.join(directory, experiment.CHECKPOINTS_DIR)
-    if not keep_checkpoints and os.path.isdir(checkpoints):
-      shutil.rmtree(checkpoints)
+      with run_lock.owned(directory):
+        # Asked again as the owner: another sweep may have finished it meanwhile.
+        skipped = _why_skipped(directory, spec, run, fingerprint, recorded)
+        if skipped:
+          log(f'{label}: {skipped}, skipped.')
+          continue
+        trained += 1
+        _run_cell(task, spec, run, directory, label, fingerprint, progress=progress,
+                  checkpoint_period=checkpoint_period, log=log,
+                  ledger_path=ledger_path, keep_checkpoints=keep_checkpoints)
+    except run_lock.RunLockedError as e:
+      # Another sweep or leaderboard slice is training this cell: leave it to it.
+      owner = f'process {e.owner}' if e.owner else 'another process'
+      log(f'{label}: run by {owner} now, skipped.')
   return trained
+
+
+def _why_skipped(directory: str, spec: SweepSpec, run: Run, fingerprint: str,
+                 recorded: Mapping[ledger.Key, ledger.Entry]) -> Optional[str]:
+  """Why the run needs no training ('finished', ...), or None."""
+  if os.path.exists(os.path.join(directory, DIVERGED_MARKER)):
+    return 'diverged in an earlier session'
+  if (_stored_fingerprint(directory) == fingerprint
+      or experiment.finished_rounds(directory) >= spec.rounds):
+    return 'finished'
+  if (run.name, fingerprint) in recorded:
+    return 'in the ledger'
+  return None
+
+
+def _run_cell(task, spec: SweepSpec, run: Run, directory: str, label: str,
+              fingerprint: str, *, progress: bool, checkpoint_period: int,
+              log: Callable[[str], None], ledger_path: Optional[str],
+              keep_checkpoints: bool) -> None:
+  """Trains one run and records it (fingerprint, ledger entry), or marks it failed."""
+  _clear_failure(directory)
+  try:
+    _train_run(task, spec, run, directory, label, progress=progress,
+               checkpoint_period=checkpoint_period, log=log)
+  except Exception as e:  # pylint: disable=broad-except
+    # One cell's failure (e.g. Krum's n > 2f + 2 broken by its ρ) must not cost the
+    # other cells their runs: it is marked, reported in the summary, and retried
+    # when the sweep is rerun.
+    _mark_failed(directory, label, e, log)
+    return
+  with open(os.path.join(directory, FINGERPRINT_FILE), 'w') as f:
+    f.write(fingerprint + '\n')
+  if ledger_path:
+    ledger.merge(ledger_path, {(run.name, fingerprint): _entry(directory)})
+  checkpoints = os.path.join(directory, experiment.CHECKPOINTS_DIR)
+  if not keep_checkpoints and os.path.isdir(checkpoints):
+    shutil.rmtree(checkpoints)
 
 
 def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,

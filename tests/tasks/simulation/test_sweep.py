@@ -249,6 +249,24 @@ class LedgerSweepTest(parameterized.TestCase):
                            sweep.FINGERPRINT_FILE))
     self.assertEqual(sweep.finished_entries(task, spec, output_dir), {})
 
+  def test_a_cell_owned_by_another_process_is_skipped(self):
+    output_dir = tempfile.mkdtemp(prefix='test_sweep_owned_')
+    self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
+    spec = _spec(aggregators=['mean'], attacks=['omniscient'], rhos=[0.0, 0.3],
+                 seeds=[0], rounds=1)
+    owned, free = spec.runs()
+    messages = []
+    with processes.run_owner(sweep.run_dir(output_dir, owned), _REPO) as owner:
+      trained = sweep.run_sweep(_task(), spec, output_dir, progress=False,
+                                log=messages.append)
+    self.assertEqual(trained, 1)
+    self.assertIn(f'[1/2] {owned.name}: run by process {owner.pid} now, skipped.',
+                  messages)
+    self.assertFalse(os.path.exists(os.path.join(sweep.run_dir(output_dir, owned),
+                                                 sweep.FINGERPRINT_FILE)))
+    self.assertTrue(os.path.exists(os.path.join(sweep.run_dir(output_dir, free),
+                                                sweep.FINGERPRINT_FILE)))
+
   def test_the_fingerprint_is_the_same_in_another_process(self):
     code = (
         'from tasks import builders; from tasks.simulation import loop, sweep; '
