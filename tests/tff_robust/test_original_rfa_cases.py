@@ -174,11 +174,15 @@ class ToleranceMeaningTest(parameterized.TestCase):
   def test_explicit_meaning_is_accepted(self):
     factory = tff_robust.GeometricMedianFactory(nu=1e-4, tolerance=1e-3)
     self.assertEqual((factory.nu, factory.tolerance), (1e-4, 1e-3))
-    # tolerance 0 (every pass) has no ν reading; the defaults stay the paper's.
+    # tolerance 0 (every pass) has no ν reading; the default ν is relative.
     factory = tff_robust.GeometricMedianFactory(tolerance=0.0)
-    self.assertEqual((factory.nu, factory.tolerance), (1e-6, 0.0))
+    self.assertEqual((factory.nu, factory.relative_nu, factory.tolerance),
+                     (None, 0.2, 0.0))
     factory = tff_robust.GeometricMedianFactory()
-    self.assertEqual((factory.nu, factory.tolerance), (1e-6, 1e-6))
+    self.assertEqual((factory.nu, factory.relative_nu, factory.tolerance),
+                     (None, 0.2, 1e-6))
+    factory = tff_robust.GeometricMedianFactory(relative_nu=0.5, tolerance=1e-3)
+    self.assertEqual((factory.nu, factory.relative_nu), (None, 0.5))
 
   def test_original_positional_call_means_nu(self):
     # RobustWeiszfeldFactory(R, tolerance) positionally is (R, ν) here as well.

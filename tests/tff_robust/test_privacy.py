@@ -18,6 +18,7 @@ from tensorflow_federated.python.core.impl.compiler import tree_analysis
 from baselines import coordinatewise
 from tests.helpers import aggregator_cases
 import tff_robust
+from tff_robust import robust_scale
 
 VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
     kernel=tff.TensorType(np.float32, [4, 3]), bias=tff.TensorType(np.float32, [3])))
@@ -68,9 +69,10 @@ def client_to_server_intrinsics(computation):
 
 def only_scalars(member):
   """True if `member` is a scalar or a structure of scalars (sums of client weights and
-  objective terms, never a model-sized value)."""
+  objective terms, never a model-sized value), or the histogram of log-distances the
+  relative ν sums (`tff_robust.robust_scale`: per-bucket weights, no model value)."""
   if isinstance(member, tff.TensorType):
-    return not member.shape
+    return not member.shape or tuple(member.shape) == (2, robust_scale.NUM_BUCKETS)
   return all(only_scalars(element) for _, element in tff.structure.iter_elements(member))
 
 
