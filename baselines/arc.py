@@ -14,8 +14,9 @@ falls just below an integer (e.g. n = 242, f = 33: 56 instead of 57).
 
 How it runs: in two phases around the inner aggregator, so it wraps ANY aggregator
 (the gathering baselines, the geometric median, the mean, ...):
-1.  every client sends the L2 norm of its update (one float64 scalar; the server
-    collects the norms of the clients of weight > 0 and takes the order statistic);
+1.  every client sends the L2 norm of its update (one float64 scalar) and a 0/1 flag
+    for weight > 0; the server collects the norms of the clients of weight > 0 and
+    takes the order statistic;
 2.  the server broadcasts the threshold, every client clips its own update, and the
     inner aggregator receives the clipped updates with the clients' weights.
 
@@ -128,6 +129,10 @@ class AdaptiveRobustClippingFactory(unit_weights.WeightedOrUnweightedFactory):
       round without clients);
   *   `num_clipped`: clients whose update was scaled down.
 
+  Norms, threshold and scale are float64 whatever the value dtype, so a float64 value
+  structure is clipped to float64 accuracy: the result is as accurate as `inner` is
+  on float64 values (the mean's to ~1e-16).
+
   `secure_compatible` is False: the server learns one L2 norm per client (see the
   module docstring); the updates themselves reach it only through `inner`.
   """
@@ -187,8 +192,10 @@ class AdaptiveRobustClippingFactory(unit_weights.WeightedOrUnweightedFactory):
       return numerics.global_l2_norm(value)
 
     @tff.tensorflow.computation(weight_type)
-    def as_float32(weight):
-      return tf.cast(weight, tf.float32)
+    def kept_flag(weight):
+      # 1.0 for a client of weight > 0, decided in the weight's own dtype: a float64
+      # weight below float32's range still counts, as it does in the inner aggregator.
+      return tf.cast(weight > 0, tf.float32)
 
     @tff.tensorflow.computation(_NORMS_TYPE)
     def threshold_at_server(collected):
@@ -208,7 +215,7 @@ class AdaptiveRobustClippingFactory(unit_weights.WeightedOrUnweightedFactory):
         tff.FederatedType(weight_type, tff.CLIENTS))
     def next_fn(state, value, weight):
       norm = tff.federated_map(client_norm, value)
-      collected = collect_norms(norm, tff.federated_map(as_float32, weight))
+      collected = collect_norms(norm, tff.federated_map(kept_flag, weight))
       threshold_and_count = tff.federated_map(threshold_at_server, collected)
       threshold = threshold_and_count[0]
       clipped = tff.federated_map(

@@ -2,8 +2,12 @@
 
 from typing import Optional, Union
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+# TFF's clipping wrapper (state, measurements, adaptive norm) around a clip function of
+# our own: the public `clipping_factory` fixes the float32 clip function.
+from tensorflow_federated.python.aggregators import robust as tff_robust_aggregators
 
 from tff_robust import arguments
 from tff_robust import iterative_mean
@@ -60,6 +64,63 @@ class NormBoundingFactory(unit_weights.WeightedOrUnweightedFactory):
     return tff.templates.AggregationProcess(init_fn, next_fn)
 
 
+def holds_float64(value_type) -> bool:
+  """True iff some tensor of `value_type` is float64."""
+  return any(np.dtype(leaf.dtype) == np.float64
+             for leaf in iterative_mean.tensor_types(value_type))
+
+
+def clip_to_bound(value, norm, bound):
+  """`value` scaled to norm `bound` (float64 scale) if its float64 `norm` is above it;
+  unchanged otherwise, as in TFF's clipping."""
+  value = numerics.as_nest(value)
+  return tf.cond(norm > bound,
+                 lambda: numerics.scaled(value, bound / norm),
+                 lambda: tf.nest.map_structure(tf.identity, value))
+
+
+def make_float64_clip_fn(value_type) -> tff.Computation:
+  """TFF's clip function, same signature and outputs (clipped value, float32 norm for
+  the clipping-norm process, int32 was-clipped flag), with the norm, the comparison
+  and the scale in float64: TFF's float32 norm and divisor give a float64 update only
+  float32 accuracy (~1e-8 relative)."""
+
+  @tff.tensorflow.computation(value_type, tff_robust_aggregators.NORM_TF_TYPE)
+  def clip_fn(value, clipping_norm):
+    norm = numerics.global_l2_norm(value)
+    bound = tf.cast(clipping_norm, tf.float64)
+    return (clip_to_bound(value, norm, bound),
+            tf.cast(norm, tff_robust_aggregators.NORM_TF_TYPE),
+            tf.cast(norm > bound, tff_robust_aggregators.COUNT_TF_TYPE))
+
+  return clip_fn
+
+
+class L2ClippingFactory(unit_weights.WeightedOrUnweightedFactory):
+  """`tff.aggregators.clipping_factory(clip_norm, inner)`, in float64 for a value
+  structure holding a float64 tensor.
+
+  A structure without float64 tensors gets TFF's own factory (float32 norm; results
+  bit for bit as before). One with a float64 tensor gets the same wrapper, state and
+  measurements around `make_float64_clip_fn`. Either way the clipping-norm process
+  sees float32 norms and reports a float32 bound, as TFF's interface requires.
+  """
+
+  def __init__(self, clip_norm: Union[float, tff.templates.EstimationProcess],
+               inner: tff.aggregators.WeightedAggregationFactory):
+    self._clip_norm = clip_norm
+    self._inner = inner
+
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    if holds_float64(value_type):
+      factory = tff_robust_aggregators._make_wrapper(  # pylint: disable=protected-access
+          self._clip_norm, self._inner, tff.aggregators.SumFactory(),
+          make_float64_clip_fn, 'clipp')
+    else:
+      factory = tff.aggregators.clipping_factory(self._clip_norm, self._inner)
+    return factory.create(value_type, weight_type)
+
+
 def mean_factory(inner_mean_factory: Optional[
     tff.aggregators.WeightedAggregationFactory] = None
                  ) -> tff.aggregators.WeightedAggregationFactory:
@@ -76,7 +137,9 @@ def norm_clipping_factory(
   update is scaled to norm at most `clip_norm` (over the whole model), then averaged.
 
   A thin constructor around `tff.aggregators.clipping_factory`, so it is as private as
-  `inner_mean_factory` (secure compatible with a secure inner mean). Updates of norm
+  `inner_mean_factory` (secure compatible with a secure inner mean). A value
+  structure holding a float64 tensor is clipped with a float64 norm and scale
+  (`L2ClippingFactory`), others by TFF's float32 clipping as before. Updates of norm
   above 1e18 are scaled to norm 1e18 first (`NORM_BEFORE_CLIPPING`):
   TFF's float32 norm overflows beyond ~1e19 and its clipping would then zero the
   update instead of clipping it. Such clients are still clipped and counted; the norm
@@ -96,4 +159,4 @@ def norm_clipping_factory(
   if not isinstance(clip_norm, tff.templates.EstimationProcess):
     clip_norm = arguments.check_positive_float('clip_norm', clip_norm)
   inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
-  return NormBoundingFactory(tff.aggregators.clipping_factory(clip_norm, inner))
+  return NormBoundingFactory(L2ClippingFactory(clip_norm, inner))

@@ -18,6 +18,36 @@ def _map(fn, *structures):
   return tf.nest.map_structure(fn, *[numerics.as_nest(s) for s in structures])
 
 
+def agreement_dtype(dtype: tf.DType) -> tf.DType:
+  """The dtype of A_j and m_j for a tensor of `dtype`: float64 for float64 values, so
+  that a float64 structure is masked to float64 accuracy (a float32 mask would round
+  e.g. A = 7/20 with a relative error of ~1e-8); float32 otherwise, as before."""
+  return tf.float64 if dtype == tf.float64 else tf.float32
+
+
+def agreement_of(sign_sum, num_clients):
+  """A_j = |Σ_n sign(Δ_n)_j| / N for one tensor of sign sums, in `agreement_dtype`
+  (0 when N = 0)."""
+  dtype = agreement_dtype(sign_sum.dtype)
+  return tf.math.divide_no_nan(tf.abs(tf.cast(sign_sum, dtype)),
+                               tf.cast(num_clients, dtype))
+
+
+def mask_statistics(agreement, tau):
+  """(fraction of A_j below τ, mean of A_j), float32 scalars, over all tensors.
+
+  Whether A_j < τ is decided in A's own dtype, as the mask is, so the reported
+  fraction counts exactly the damped coordinates; the float32 reductions are those of
+  the float32-only version, bit for bit.
+  """
+  flat = [tf.reshape(a, [-1]) for a in tf.nest.flatten(agreement)]
+  below_tau = tf.concat([tf.cast(a < tau, tf.float32) for a in flat], axis=0)
+  flat_agreement = tf.concat([tf.cast(a, tf.float32) for a in flat], axis=0)
+  size = tf.cast(tf.size(flat_agreement), tf.float32)
+  return (tf.math.divide_no_nan(tf.reduce_sum(below_tau), size),
+          tf.math.divide_no_nan(tf.reduce_sum(flat_agreement), size))
+
+
 class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
   """Gradient masked averaging: the weighted mean, damped where clients disagree.
 
@@ -31,6 +61,9 @@ class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
   `tff.aggregators.SecureSumFactory(1.0, -1.0)` for the signs, whose entries lie in
   [-1, 1], and `MeanFactory(value_sum_factory=SecureSumFactory(bound))` for the mean);
   N is a federated sum of 0/1 client flags.
+
+  A float64 tensor is masked in float64 (A_j, m_j and the mean, to float64 accuracy);
+  any other float tensor with a float32 A_j and m_j.
 
   N counts the clients of weight > 0; only they vote. Inputs must be finite: wrap the factory in
   `tff_robust.NonfiniteFilteringFactory` (the learning builders and `tasks.registry`
@@ -101,18 +134,10 @@ class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
 
     @tff.tensorflow.computation(value_type, value_type, tf.int32)
     def apply_mask(mean, sign_sum, num_clients):
-      count = tf.cast(num_clients, tf.float32)
-      agreement = _map(
-          lambda s: tf.math.divide_no_nan(tf.abs(tf.cast(s, tf.float32)), count),
-          sign_sum)
+      agreement = _map(lambda s: agreement_of(s, num_clients), sign_sum)
       masks = _map(lambda a: tf.where(a >= tau, tf.ones_like(a), a), agreement)
       result = _map(lambda m, x: tf.cast(m, x.dtype) * x, masks, mean)
-      flat_agreement = tf.concat(
-          [tf.reshape(a, [-1]) for a in tf.nest.flatten(agreement)], axis=0)
-      size = tf.cast(tf.size(flat_agreement), tf.float32)
-      fraction_masked = tf.math.divide_no_nan(
-          tf.reduce_sum(tf.cast(flat_agreement < tau, tf.float32)), size)
-      mean_agreement = tf.math.divide_no_nan(tf.reduce_sum(flat_agreement), size)
+      fraction_masked, mean_agreement = mask_statistics(agreement, tau)
       return result, fraction_masked, mean_agreement
 
     @tff.federated_computation()
