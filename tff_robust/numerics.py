@@ -11,6 +11,9 @@ import tensorflow_federated as tff
 # float32's smallest normal number: TensorFlow's CPU kernels flush smaller results
 # (and factors) to zero.
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+# Below this norm the float32 squares were below FLOAT32_TINY: flushed to zero or
+# denormal, so the directly summed norm is 0 or imprecise and is recomputed rescaled.
+_SMALLEST_DIRECT_NORM = float(np.sqrt(FLOAT32_TINY)) * 1e3
 
 
 def as_nest(structure):
@@ -44,11 +47,12 @@ def global_l2_norm(structure):
   Squares are summed in the tensors' own dtype (a float64 copy of a model of millions
   of parameters would cost more than the norm) and across tensors in float64. Only if
   that overflows, e.g. for an attacker's 1e30-sized update, is the norm recomputed on
-  the tensors scaled by their largest entry. A NaN stays NaN.
+  the tensors scaled by their largest entry; likewise when it underflows (every
+  entry below about 1e-16, whose float32 squares are flushed to zero). A NaN stays NaN.
   """
   tensors = tf.nest.flatten(as_nest(structure))
   direct = _sqrt_of_sum([tf.reduce_sum(tf.square(t)) for t in tensors])
-  return tf.cond(tf.math.is_inf(direct), lambda: _rescaled_norm(tensors),
+  return tf.cond(_out_of_range(direct), lambda: _rescaled_norm(tensors),
                  lambda: direct)
 
 
@@ -59,9 +63,15 @@ def global_l2_distance(a, b):
   pairs = list(zip(tf.nest.flatten(as_nest(a)), tf.nest.flatten(as_nest(b))))
   direct = _sqrt_of_sum(
       [tf.reduce_sum(tf.math.squared_difference(x, y)) for x, y in pairs])
-  return tf.cond(tf.math.is_inf(direct),
+  return tf.cond(_out_of_range(direct),
                  lambda: _rescaled_norm([x - y for x, y in pairs]),
                  lambda: direct)
+
+
+def _out_of_range(direct_norm):
+  """Whether a norm from summed squares overflowed, or may have underflowed."""
+  return tf.logical_or(tf.math.is_inf(direct_norm),
+                       direct_norm < _SMALLEST_DIRECT_NORM)
 
 
 def _sqrt_of_sum(partial_sums):
@@ -73,8 +83,17 @@ def _sqrt_of_sum(partial_sums):
 def _rescaled_norm(tensors):
   largest = tf.reduce_max(tf.stack(
       [tf.cast(tf.reduce_max(tf.abs(t)), tf.float64) for t in tensors]))
-  return largest * _sqrt_of_sum(
-      [tf.reduce_sum(tf.square(t / tf.cast(largest, t.dtype))) for t in tensors])
+
+  def in_own_dtype():
+    return _sqrt_of_sum([tf.reduce_sum(tf.square(tf.math.divide_no_nan(
+        t, tf.cast(largest, t.dtype)))) for t in tensors])
+
+  def in_float64():
+    # A denormal float32 largest entry is flushed to zero by TensorFlow's kernels.
+    return _sqrt_of_sum([tf.reduce_sum(tf.square(tf.math.divide_no_nan(
+        tf.cast(t, tf.float64), largest))) for t in tensors])
+
+  return largest * tf.cond(largest < FLOAT32_TINY, in_float64, in_own_dtype)
 
 
 def is_all_finite(structure):

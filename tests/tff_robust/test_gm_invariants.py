@@ -13,48 +13,9 @@ import tensorflow_federated as tff
 import tff_robust
 from baselines import geometric_median as gathered
 from tff_robust import passwise
+from tests.helpers import gm_reference
 
 NUM_HONEST = 19
-
-
-def exact_geometric_median(points, alphas):
-  """argmin_v Σ α_i ‖v − x_i‖ in float64, Weiszfeld run to convergence from the mean
-  (no smoothing: no client of these cases sits on the median)."""
-  v = np.average(points, axis=0, weights=alphas)
-  for _ in range(100_000):
-    beta = alphas / np.maximum(np.linalg.norm(points - v, axis=1), 1e-300)
-    proposal = beta @ points / beta.sum()
-    if np.linalg.norm(proposal - v) <= 1e-14 * np.linalg.norm(v):
-      return proposal
-    v = proposal
-  return v
-
-
-def robust_typical_distance(distances, alphas):
-  """The scale of `tff_robust.robust_scale`, written from its definition: the
-  α-weighted geometric mean of the positive distances whose ⌊log2⌋ is within 4 of
-  the ⌊log2⌋ of the α-weighted median (buckets clamped to [−160, 159])."""
-  counted = distances > 0
-  exponents = np.clip(np.floor(np.log2(distances[counted])), -160, 159)
-  weights = alphas[counted]
-  order = np.argsort(exponents, kind='stable')
-  cumulative = np.cumsum(weights[order])
-  median_exponent = exponents[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])]
-  near = np.abs(exponents - median_exponent) <= 4
-  return 2.0 ** (np.sum(weights[near] * np.log2(distances[counted][near]))
-                 / np.sum(weights[near]))
-
-
-def numpy_default_gm(points, alphas, passes, relative_nu=0.2):
-  """Algorithm 2 from v = 0 (Algorithm 3 for one pass), ν relative per pass, no early
-  stop (the cases here do not reach the 1e-6 tolerance in 3 passes)."""
-  v = np.zeros(points.shape[1])
-  for _ in range(passes):
-    distances = np.linalg.norm(points - v, axis=1)
-    nu = relative_nu * robust_typical_distance(distances, alphas)
-    beta = alphas / np.maximum(distances, nu)
-    v = beta @ points / beta.sum()
-  return v
 
 
 def honest_updates(dimension, kind, seed=0):
@@ -73,7 +34,7 @@ def with_client(honest, client):
     extra = np.full(honest.shape[1], 1e30)
   elif client.startswith('iterate'):  # Exactly the default's iterate k without it.
     passes = int(client[len('iterate'):])
-    extra = numpy_default_gm(honest, np.ones(NUM_HONEST), passes)
+    extra = gm_reference.numpy_default_gm(honest, np.ones(NUM_HONEST), passes)
   else:
     raise ValueError(client)
   return np.vstack([honest, extra[np.newaxis]])
@@ -104,28 +65,28 @@ class NoSingleClientPinsTheEstimateTest(parameterized.TestCase):
   @parameterized.product(client=CLIENTS, case=[('agreeing', 100), ('normal', 1000)])
   def test_default_gm_is_near_the_median(self, client, case):
     points = with_client(honest_updates(case[1], case[0]), client)
-    median = exact_geometric_median(points, np.ones(len(points)))
+    median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
     result, measurements = run(tff_robust.GeometricMedianFactory(), points)
     self.assertLess(relative_distance(result, median), 0.05)
     self.assertLen(measurements['nu'], 3)
     # And it is the numpy Algorithm 2 with the relative ν, to float32 rounding.
-    expected = numpy_default_gm(points, np.ones(len(points)), 3)
+    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 3)
     self.assertLess(relative_distance(result, expected), 1e-5)
 
   @parameterized.product(client=['zero', 'tiny'], case=[('agreeing', 100),
                                                          ('normal', 1000)])
   def test_one_step_is_not_pulled_to_the_client(self, client, case):
     points = with_client(honest_updates(case[1], case[0]), client)
-    median = exact_geometric_median(points, np.ones(len(points)))
+    median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
     result, _ = run(tff_robust.one_step_geometric_median_factory(), points)
     self.assertGreater(np.linalg.norm(result), 0.5 * np.linalg.norm(median))
-    expected = numpy_default_gm(points, np.ones(len(points)), 1)
+    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 1)
     self.assertLess(relative_distance(result, expected), 1e-5)
 
   def test_the_papers_absolute_nu_is_one_argument_away(self):
     # And it is what the default used to do: the zero update pins it near zero.
     points = with_client(honest_updates(100, 'agreeing'), 'zero')
-    median = exact_geometric_median(points, np.ones(len(points)))
+    median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
     result, measurements = run(
         tff_robust.GeometricMedianFactory(nu=tff_robust.geometric_median.PAPER_NU),
         points)
@@ -134,7 +95,7 @@ class NoSingleClientPinsTheEstimateTest(parameterized.TestCase):
 
   def test_a_far_client_keeps_its_weight(self):
     points = with_client(honest_updates(100, 'agreeing'), 'far')
-    median = exact_geometric_median(points, np.ones(len(points)))
+    median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
     result, _ = run(tff_robust.GeometricMedianFactory(), points)
     self.assertLess(relative_distance(result, median), 1e-3)
 
@@ -161,7 +122,7 @@ class ExtremeClientsTest(parameterized.TestCase):
     # float32's smallest normal number: a float32 β is flushed to 0.
     honest = honest_updates(1000, 'normal')
     points = np.vstack([honest, np.full((1, 1000), 1e37)])
-    expected = numpy_default_gm(points, np.ones(len(points)), 3)
+    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 3)
     if path == 'gathered':
       result, _ = run(gathered.GatheredGeometricMedianFactory(), points)
     else:
@@ -180,7 +141,7 @@ class Float64AndPathsTest(parameterized.TestCase):
             else tff_robust.one_step_geometric_median_factory)
     result, _ = run(make(), points, alphas, dtype=np.float64)
     self.assertEqual(result.dtype, np.float64)
-    expected = numpy_default_gm(points, alphas.astype(np.float32).astype(np.float64),
+    expected = gm_reference.numpy_default_gm(points, alphas.astype(np.float32).astype(np.float64),
                                 passes)
     self.assertLess(relative_distance(result, expected), 1e-12)
 

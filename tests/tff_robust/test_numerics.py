@@ -22,7 +22,7 @@ def numpy_norm(s):
 
 class GlobalNormTest(tf.test.TestCase, parameterized.TestCase):
 
-  @parameterized.parameters(1e-20, 1e-3, 1.0, 1e3, 1e19, 1e30)
+  @parameterized.parameters(1e-36, 1e-30, 1e-20, 1e-3, 1.0, 1e3, 1e19, 1e30)
   def test_matches_numpy_at_every_scale(self, scale):
     # From 1e19 on, float32 squares overflow: the rescaled path must take over.
     s = structure(scale)
@@ -33,7 +33,7 @@ class GlobalNormTest(tf.test.TestCase, parameterized.TestCase):
     s['bias'][3] = np.nan
     self.assertTrue(np.isnan(numerics.global_l2_norm(s)))
 
-  @parameterized.parameters(1e-3, 1.0, 1e30)
+  @parameterized.parameters(1e-30, 1e-3, 1.0, 1e30)
   def test_distance_matches_numpy(self, scale):
     a, b = structure(scale, seed=1), structure(scale, seed=2)
     expected = numpy_norm(collections.OrderedDict(

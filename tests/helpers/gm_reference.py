@@ -1,0 +1,46 @@
+"""Plain-numpy float64 references of the geometric median: the exact one, and the
+default smoothed Weiszfeld of `tff_robust.GeometricMedianFactory` (ν relative to the
+robust typical distance of `tff_robust.robust_scale`), written from their
+definitions, independently of the factories' code."""
+
+import numpy as np
+
+
+def exact_geometric_median(points, alphas):
+  """argmin_v Σ α_i ‖v − x_i‖ in float64, Weiszfeld run to convergence from the mean
+  (no smoothing: no client of these cases sits on the median)."""
+  v = np.average(points, axis=0, weights=alphas)
+  for _ in range(100_000):
+    beta = alphas / np.maximum(np.linalg.norm(points - v, axis=1), 1e-300)
+    proposal = beta @ points / beta.sum()
+    if np.linalg.norm(proposal - v) <= 1e-14 * np.linalg.norm(v):
+      return proposal
+    v = proposal
+  return v
+
+
+def robust_typical_distance(distances, alphas):
+  """The scale of `tff_robust.robust_scale`, written from its definition: the
+  α-weighted geometric mean of the positive distances whose ⌊log2⌋ is within 4 of
+  the ⌊log2⌋ of the α-weighted median (buckets clamped to [−160, 159])."""
+  counted = distances > 0
+  exponents = np.clip(np.floor(np.log2(distances[counted])), -160, 159)
+  weights = alphas[counted]
+  order = np.argsort(exponents, kind='stable')
+  cumulative = np.cumsum(weights[order])
+  median_exponent = exponents[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])]
+  near = np.abs(exponents - median_exponent) <= 4
+  return 2.0 ** (np.sum(weights[near] * np.log2(distances[counted][near]))
+                 / np.sum(weights[near]))
+
+
+def numpy_default_gm(points, alphas, passes, relative_nu=0.2):
+  """Algorithm 2 from v = 0 (Algorithm 3 for one pass), ν relative per pass, every
+  pass applied (the factories' `tolerance=0`)."""
+  v = np.zeros(points.shape[1])
+  for _ in range(passes):
+    distances = np.linalg.norm(points - v, axis=1)
+    nu = relative_nu * robust_typical_distance(distances, alphas)
+    beta = alphas / np.maximum(distances, nu)
+    v = beta @ points / beta.sum()
+  return v
