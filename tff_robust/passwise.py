@@ -92,8 +92,8 @@ class PasswiseFactory:
   α_i/max(ν, ‖w_i − v‖) from v = 0 or, for `initial_point='previous'`, from the
   previous result in the state), R − 1 Weiszfeld passes, and, when the factory reports
   `objective`, one scalar sum for g_ν of the final estimate. For a `GammaMeanFactory`:
-  the starting point (the weighted mean, or the geometric median's passes and, for the
-  diagonal covariance, one more mean) and S iterations. For a
+  the starting point (the weighted mean, or the geometric median's passes and one
+  round of scalar sums) and S iterations. For a
   `SecureCenteredClippingFactory`: the mean start if it has one, then L iterations, each
   one inner mean of the clients' clipped differences (and the clipped count, a sum of
   0/1 flags). Each may be wrapped in
@@ -324,28 +324,18 @@ class _GeometricMedianPasses(_Passes):
 
 
 class _GammaMeanPasses(_Passes):
-  """The iteration computations of `GammaMeanFactory` and their Python driver.
-
-  The client and server steps are the γ-mean module's own (`_SimpleSteps`,
-  `_DiagonalSteps`), wrapped one iteration per computation.
-  """
+  """The rounds of `GammaMeanFactory` (its own `gamma_mean.GammaSteps`) as one
+  computation each, and their Python driver."""
 
   def __init__(self, factory: gamma_mean.GammaMeanFactory, value_type, weight_type,
                clean):
     self._process = factory.create(value_type, weight_type)
-    gamma = factory.gamma_for(value_type)
-    # pylint: disable=protected-access
-    if factory.covariance == 'identity':
-      steps = gamma_mean._SimpleSteps(value_type, gamma)
-    else:
-      steps = gamma_mean._DiagonalSteps(value_type, gamma, factory.variance_floor)
-    # pylint: enable=protected-access
-    self._diagonal = factory.covariance == 'diagonal'
+    steps = gamma_mean.GammaSteps(factory, value_type)
     self._num_iterations = factory.num_iterations
+    self._num_calls = factory.num_calls()
     inner = factory.inner_mean_factory.create(steps.inner_value_type,
-                                              iterative_mean.WEIGHT_TYPE)
+                                              steps.inner_weight_type)
     self._use_gm = factory.initial_point == 'geometric_median'
-    self._calls_after_gm = steps.calls_after_gm
     self._gm = None
     if self._use_gm:
       if not isinstance(factory.geometric_median_factory,
@@ -355,46 +345,33 @@ class _GammaMeanPasses(_Passes):
       # The starting point's passes see the values this γ-mean's passes see.
       self._gm = _GeometricMedianPasses(factory.geometric_median_factory, value_type,
                                         weight_type, clean)
-      gm_calls = factory.geometric_median_factory.num_communication_passes
-      self._num_calls = self._num_iterations + gm_calls + steps.calls_after_gm
-    else:
-      self._num_calls = self._num_iterations + 1
     inner_state_type = inner.initialize.type_signature.result
-    _, client_value, client_weight = _pass_types(value_type, weight_type)
+    server_value, client_value, client_weight = _pass_types(value_type, weight_type)
+    estimate_type = tff.FederatedType(steps.estimate_type, tff.SERVER)
 
     @tff.federated_computation(inner_state_type, client_value, client_weight)
     def mean_start(inner_state, value, weight):
       value, alpha, num_dropped = clean(value, weight)
-      estimate, inner_state, inner_measurements = steps.initial_mean(
+      estimate, inner_state, inner_measurements = steps.start_at_mean(
           inner, inner_state, value, alpha)
       return _with_dropped(collections.OrderedDict(
           state=inner_state, estimate=estimate, measurements=inner_measurements),
                            num_dropped)
 
-    def after_geometric_median(inner_state, center, value, weight):
+    @tff.federated_computation(server_value, client_value, client_weight)
+    def after_geometric_median(center, value, weight):
       value, alpha, _ = clean(value, weight)
-      estimate, inner_state, inner_measurements = steps.after_geometric_median(
-          inner, inner_state, center, value, alpha)
-      return collections.OrderedDict(state=inner_state, estimate=estimate,
-                                     measurements=inner_measurements)
-
-    if steps.calls_after_gm:  # The simple γ-mean starts at the median as it is.
-      after_geometric_median = tff.federated_computation(
-          after_geometric_median, inner_state_type,
-          tff.FederatedType(value_type, tff.SERVER), client_value, client_weight)
-
-    estimate_type = mean_start.type_signature.result['estimate']
+      return steps.start_at(center, value, alpha)
 
     @tff.federated_computation(inner_state_type, estimate_type, client_value,
                                client_weight)
     def iteration(inner_state, estimate, value, weight):
       value, alpha, _ = clean(value, weight)
-      alpha_sum = tff.federated_sum(alpha)
-      estimate, inner_state, inner_measurements, underflow, kept = steps.iterate(
-          inner, inner_state, estimate, value, alpha, alpha_sum)
+      estimate, inner_state, inner_measurements, flags = steps.iterate(
+          inner, inner_state, estimate, value, alpha)
       return collections.OrderedDict(
           state=inner_state, estimate=estimate, measurements=inner_measurements,
-          underflow=underflow, retained=kept)
+          flags=flags)
 
     self.mean_start = mean_start
     self.after_geometric_median = after_geometric_median
@@ -402,51 +379,45 @@ class _GammaMeanPasses(_Passes):
 
   @property
   def computations_per_call(self) -> int:
-    start = (self._gm.computations_per_call + self._calls_after_gm
-             if self._use_gm else 1)
+    start = self._gm.computations_per_call + 1 if self._use_gm else 1
     return start + self._num_iterations
 
   def next(self, state, value, weight):
-    """The factory's `next`, iteration by iteration (see `GammaMeanFactory`); also the
-    first pass's non-finite count."""
+    """The factory's `next`, round by round (see `GammaMeanFactory`); also the first
+    pass's non-finite count."""
     inner_state = state['inner']
     measurements = collections.OrderedDict()
     if self._use_gm:
       gm_output, num_dropped = self._gm.next(state['initial_point'], value, weight)
-      gm_measurements = gm_output.measurements
-      if self._calls_after_gm:
-        start = self.after_geometric_median(inner_state, gm_output.result, value,
-                                            weight)
-        inner_state, estimate, inner_measurements = (
-            start['state'], start['estimate'], start['measurements'])
-      else:
-        estimate, inner_measurements = gm_output.result, None
+      estimate = self.after_geometric_median(gm_output.result, value, weight)
+      inner_measurements = None
     else:
       start = self.mean_start(inner_state, value, weight)
       inner_state, estimate, inner_measurements = (
           start['state'], start['estimate'], start['measurements'])
       num_dropped = start.get('num_dropped')
-    underflows, retained = [], []
+    flags = []
     for _ in range(self._num_iterations):
       step = self.iteration(inner_state, estimate, value, weight)
       inner_state, estimate, inner_measurements = (
           step['state'], step['estimate'], step['measurements'])
-      underflows.append(step['underflow'])
-      retained.append(step['retained'])
-    underflow = np.array(underflows, np.float32)
+      flags.append(step['flags'])
+    column = lambda k: np.array([f[k] for f in flags], np.float32)
+    underflow = column(0)
     measurements['num_secure_average_calls'] = np.int32(self._num_calls)
     measurements['underflow'] = underflow
     measurements['num_underflow_passes'] = np.int32(np.sum(underflow))
-    measurements['retained_weight'] = np.array(retained, np.float32)
+    measurements['capped_clients'] = column(1)
+    measurements['retained_weight'] = column(2)
     if self._use_gm:
-      measurements['initial_point'] = gm_measurements
+      measurements['initial_point'] = gm_output.measurements
     measurements['inner'] = inner_measurements
     new_state = collections.OrderedDict(inner=inner_state)
     if self._use_gm:
       new_state['initial_point'] = gm_output.state
-    result = estimate['mean'] if self._diagonal else estimate
     return (tff.templates.MeasuredProcessOutput(
-        state=new_state, result=result, measurements=measurements), num_dropped)
+        state=new_state, result=estimate['mean'], measurements=measurements),
+            num_dropped)
 
 
 class _CenteredClippingPasses(_Passes):

@@ -52,8 +52,8 @@ ROBUST = collections.OrderedDict(
     # From the mean, Weiszfeld needs more than the default 3 passes to leave a 100×
     # far cluster holding up to ~35% of the weight.
     gm=dict(num_communication_passes=10),
-    gamma_mean=dict(gamma=0.005),
-    gamma_mean_diagonal=dict(gamma=0.5),
+    gamma_mean=dict(),
+    gamma_mean_diagonal=dict(),
     median=dict(),
     trimmed_mean=dict(trim_fraction=0.2),
     multi_krum=dict(num_byzantine=2),
