@@ -184,6 +184,10 @@ class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
   *   `inner`: the inner factory's measurements of the last call.
   """
 
+  # 2: γ scaled by the spread by default (was the absolute γ = 0.5). Runs in ledgers
+  # keyed by an older revision are retrained (`tasks.simulation.sweep`).
+  RESULTS_REVISION = 2
+
   # Client values reach the server only through sums (see the privacy tests).
   secure_compatible = True
 

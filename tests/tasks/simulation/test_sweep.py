@@ -295,6 +295,7 @@ class AggregatorRevisionTest(parameterized.TestCase):
       ('one_step_gm', {'GeometricMedianFactory': 2}),
       ('bucketing+gm', {'GatheredGeometricMedianFactory': 2}),
       ('arc+gm', {'GeometricMedianFactory': 2}),
+      ('gamma_mean', {'GammaMeanFactory': 2, 'GeometricMedianFactory': 2}),
       ('median', {}),
       ('mean', {}),
   )
