@@ -6,8 +6,11 @@ import math
 from tasks.simulation import sweep
 
 
-def study_table(summaries: dict, clean_margin: float) -> tuple[str, str]:
-  """(markdown table, decision) from {start: sweep summary rows}."""
+def study_table(summaries: dict, clean_margin: float, incumbent: str = '',
+                worst_case_margin: float = 0.0) -> tuple[str, str]:
+  """(markdown table, decision) from {start: sweep summary rows}; the `incumbent`
+  start (the current default) is kept unless another beats its worst case by more
+  than `worst_case_margin` points."""
   any_rows = next(iter(summaries.values()))
   attacked = list(dict.fromkeys((r['attack'], r['rho']) for r in any_rows
                                 if r['rho'] > 0))
@@ -28,10 +31,11 @@ def study_table(summaries: dict, clean_margin: float) -> tuple[str, str]:
                     if has_clean else math.nan)
     lines.append('| ' + ' | '.join([start] + cells + [f'{worst[start]:.1f}']) + ' |')
   table = '\n'.join(lines) + '\n'
-  return table, _decision(clean, worst, clean_margin)
+  return table, _decision(clean, worst, clean_margin, incumbent, worst_case_margin)
 
 
-def _decision(clean: dict, worst: dict, clean_margin: float) -> str:
+def _decision(clean: dict, worst: dict, clean_margin: float, incumbent: str,
+              worst_case_margin: float) -> str:
   finite_clean = [v for v in clean.values() if not math.isnan(v)]
   best_clean = max(finite_clean) if finite_clean else math.nan
   eligible = [s for s in worst if math.isnan(best_clean) or
@@ -39,7 +43,13 @@ def _decision(clean: dict, worst: dict, clean_margin: float) -> str:
   eligible = [s for s in eligible if not math.isnan(worst[s])]
   if not eligible:
     return 'No start has a worst case (no attacked runs finished).'
-  chosen = max(eligible, key=lambda s: worst[s])
+  best = max(eligible, key=lambda s: worst[s])
+  # A default changes only on a difference larger than the seeds' noise.
+  keeps = (incumbent in eligible and best != incumbent
+           and worst[best] - worst[incumbent] <= worst_case_margin)
+  chosen = incumbent if keeps else best
+  kept = (f', kept: {best!r} is not better by more than {worst_case_margin:g} points'
+          if keeps else '')
   return (f'Best worst case among starts within {clean_margin:g} points of the best '
           f'clean accuracy ({best_clean:.1f}): {chosen!r} ({worst[chosen]:.1f}; '
-          + ', '.join(f'{s} {worst[s]:.1f}' for s in worst) + ').')
+          + ', '.join(f'{s} {worst[s]:.1f}' for s in worst) + f'){kept}.')

@@ -18,6 +18,7 @@ from tff_robust import robust_scale
 from tff_robust import unit_weights
 
 INITIAL_POINTS = ('mean', 'zero', 'previous')
+DEFAULT_INITIAL_POINT = 'zero'  # Chosen by `benchmarks/gm_start_study.py`.
 # The state entry of `initial_point='previous'`: the last `next`'s result.
 PREVIOUS_AGGREGATE = 'previous_aggregate'
 # ν relative to the clients' robust typical distance (`tff_robust.robust_scale`): the
@@ -216,7 +217,7 @@ class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
       nu: Optional[float] = None,
       tolerance: Optional[float] = None,
       inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
-      initial_point: str = 'zero',
+      initial_point: str = DEFAULT_INITIAL_POINT,
       report_max_effective_weight: bool = True,
       report_objective: bool = True,
       relative_nu: Optional[float] = None,

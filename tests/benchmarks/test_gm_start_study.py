@@ -52,6 +52,23 @@ class StudyTableTest(absltest.TestCase):
     self.assertIn("'zero' (70.0;", decision)
 
 
+  def test_the_default_stays_unless_beaten_by_more_than_the_margin(self):
+    summaries = dict(
+        zero=_summary([0.85], [0.411], [0.80]),        # worst 41.1
+        previous=_summary([0.85], [0.4112], [0.81]))   # worst 41.12: within noise
+    _, decision = gm_start_report.study_table(
+        summaries, clean_margin=0.5, incumbent='zero', worst_case_margin=0.5)
+    self.assertIn("'zero' (41.1;", decision)
+    self.assertIn("kept: 'previous' is not better by more than 0.5 points", decision)
+    _, decision = gm_start_report.study_table(
+        summaries, clean_margin=0.5, incumbent='zero', worst_case_margin=0.0)
+    self.assertIn("'previous' (41.1;", decision)
+    summaries['previous'] = _summary([0.85], [0.43], [0.81])  # Better by 1.9 points.
+    _, decision = gm_start_report.study_table(
+        summaries, clean_margin=0.5, incumbent='zero', worst_case_margin=0.5)
+    self.assertIn("'previous' (43.0;", decision)
+
+
 class ResultsPageTest(absltest.TestCase):
 
   def test_page_names_its_command_without_the_output_paths(self):
