@@ -209,3 +209,34 @@ def check_num_clients(factory, num_clients: int) -> None:
     if isinstance(factory, bucketing.BucketingFactory):
       num_clients = -(-num_clients // factory.bucket_size)
     factory = getattr(factory, 'inner', None)  # Through the wrappers.
+
+
+_FACTORY_TYPES = (tff.aggregators.WeightedAggregationFactory,
+                  tff.aggregators.UnweightedAggregationFactory)
+
+
+def results_revisions(factory) -> dict[str, int]:
+  """{class name: `RESULTS_REVISION`} of every factory in `factory`'s wrapping chain
+  that declares one. A factory whose results change for the same arguments (a new
+  default) bumps its `RESULTS_REVISION`, so the runs using it are retrained instead
+  of taken from a ledger or resumed from checkpoints; the other runs keep their
+  configurations."""
+  found, pending, seen = {}, [factory], set()
+  while pending:
+    obj = pending.pop()
+    if id(obj) in seen:
+      continue
+    seen.add(id(obj))
+    revision = getattr(type(obj), 'RESULTS_REVISION', None)
+    if revision is not None:
+      found[type(obj).__name__] = revision
+    pending.extend(v for v in getattr(obj, '__dict__', {}).values()
+                   if isinstance(v, _FACTORY_TYPES))
+  return dict(sorted(found.items()))
+
+
+def with_results_revisions(config: dict[str, Any], factory) -> dict[str, Any]:
+  """`config` with `aggregator_revisions` when some factory of `factory` declares
+  one (absent otherwise, so configurations of unrevised factories stay as they were)."""
+  revisions = results_revisions(factory)
+  return dict(config, aggregator_revisions=revisions) if revisions else config

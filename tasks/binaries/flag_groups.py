@@ -59,8 +59,15 @@ def define(kind: str, name: str, default: Any, *args, part_of_run: bool = True,
 
 def run_config() -> dict[str, Any]:
   """The values of the run-defining flags this binary defined: what a resumed run
-  must match (see `tasks.simulation.experiment.check_config`)."""
-  return {name: FLAGS[name].value for name in _RUN_FLAGS}
+  must match (see `tasks.simulation.experiment.check_config`); with --aggregator,
+  also the revisions of its factories whose results changed
+  (`registry.results_revisions`), so an older revision's checkpoints are refused."""
+  config = {name: FLAGS[name].value for name in _RUN_FLAGS}
+  if 'aggregator' in FLAGS and 'aggregator_args' in FLAGS:
+    config = registry.with_results_revisions(config, build_aggregator(
+        FLAGS.aggregator, FLAGS.aggregator_args, FLAGS['rho'].value
+        if 'rho' in FLAGS else None))
+  return config
 
 
 def define_task_flags(**defaults) -> None:

@@ -280,6 +280,35 @@ def _load(state_manager, version: int, templates) -> tuple[Any, Optional[str]]:
                     else str(identity))
 
 
+# Inside each checkpoint's directory: the run identity, readable without loading the
+# SavedModel (whose graph runs on load), so another configuration's checkpoint is
+# refused before it is loaded, and named as such even when its structure differs.
+_IDENTITY_FILE = 'run_identity.json'
+
+
+def _identity_path(checkpoints_dir: str, version: int) -> str:
+  return os.path.join(checkpoints_dir, f'{CHECKPOINT_PREFIX}{version}', _IDENTITY_FILE)
+
+
+def _write_identity_beside(checkpoints_dir: str, version: int,
+                           identity: Optional[str]) -> None:
+  if identity is None:
+    return
+  path = _identity_path(checkpoints_dir, version)
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    f.write(identity)
+  os.replace(path + '.tmp', path)
+
+
+def _identity_beside(checkpoints_dir: str, version: int) -> Optional[str]:
+  """The identity file of a checkpoint, None if it has none (or is unreadable)."""
+  try:
+    with open(_identity_path(checkpoints_dir, version), encoding='utf-8') as f:
+      return f.read()
+  except (OSError, UnicodeDecodeError):
+    return None
+
+
 def finished_rounds(output_dir: str) -> int:
   """Rounds a (possibly interrupted) run in `output_dir` has checkpointed."""
   checkpoints_dir = os.path.join(output_dir, CHECKPOINTS_DIR)
@@ -312,7 +341,13 @@ def _newest_readable_checkpoint(state_manager, checkpoints_dir: str, templates,
   if at_most is not None:
     versions = [v for v in versions if v <= at_most]
   unreadable = []
+  expected_identity = templates[0].get(_IDENTITY_KEY)
   for version in versions:
+    beside = _identity_beside(checkpoints_dir, version)
+    if beside is not None and expected_identity is not None and (
+        beside != expected_identity):
+      # Another configuration's checkpoint: refused by `_check_identity`, unloaded.
+      return _Resumption(templates[1], version, tuple(unreadable), beside)
     try:
       checkpoint, identity = _load(state_manager, version, templates)
       return _Resumption(checkpoint, version, tuple(unreadable), identity)
@@ -324,9 +359,11 @@ def _newest_readable_checkpoint(state_manager, checkpoints_dir: str, templates,
   if unreadable:
     names = ', '.join(f'{CHECKPOINT_PREFIX}{v} ({why})' for v, why in unreadable)
     raise RunFileError(
-        checkpoints_dir, f'no checkpoint is readable: {names}',
-        f'Delete {checkpoints_dir} and {METRICS_FILE} next to it to rerun from round 0 '
-        '(or restore a checkpoint from a backup)')
+        checkpoints_dir, f'no checkpoint reads back with these flags: {names}',
+        'If the run was started with other flags, resume it with those (config.json '
+        f'records them). Only if its checkpoints are damaged, delete {checkpoints_dir} '
+        f'and {METRICS_FILE} next to it to rerun from round 0 (or restore a checkpoint '
+        'from a backup)')
   return _Resumption(templates[1], 0, ())
 
 
@@ -758,6 +795,7 @@ def _train(simulation: loop.Simulation, output_dir: str, resumed: _Resumed,
         with _written(checkpoints_dir, round_num):
           _run(resumed.state_manager.save(
               _checkpoint(state, cumulative, resumed.identity), round_num + 1))
+          _write_identity_beside(checkpoints_dir, round_num + 1, resumed.identity)
       bar.update(1)
   finally:
     bar.close()

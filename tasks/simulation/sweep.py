@@ -44,7 +44,6 @@ import matplotlib
 matplotlib.use('Agg')  # Files only; no display on a server.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
-import tensorflow_federated as tff
 
 from tasks import registry
 from tasks.simulation import attacks
@@ -210,14 +209,27 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
 def _why_skipped(directory: str, spec: SweepSpec, run: Run, fingerprint: str,
                  recorded: Mapping[ledger.Key, ledger.Entry]) -> Optional[str]:
   """Why the run needs no training ('finished', ...), or None."""
+  stored = _stored_fingerprint(directory)
+  # A directory finished under another configuration (an older revision of its
+  # aggregator) is not this run's result, diverged or not.
+  if stored is not None and stored != fingerprint:
+    if (run.name, fingerprint) in recorded:
+      return 'in the ledger'
+    _set_aside(directory, stored)
+    return None
   if os.path.exists(os.path.join(directory, DIVERGED_MARKER)):
     return 'diverged in an earlier session'
-  if (_stored_fingerprint(directory) == fingerprint
-      or experiment.finished_rounds(directory) >= spec.rounds):
+  if stored == fingerprint or experiment.finished_rounds(directory) >= spec.rounds:
     return 'finished'
   if (run.name, fingerprint) in recorded:
     return 'in the ledger'
   return None
+
+
+def _set_aside(directory: str, stored_fingerprint: str) -> None:
+  """Moves a run finished under another configuration out of the way (kept, not
+  deleted), so that this configuration trains from round 0 in its place."""
+  os.replace(directory, f'{directory}.stale-{stored_fingerprint}')
 
 
 def _run_cell(task, spec: SweepSpec, run: Run, directory: str, label: str,
@@ -298,13 +310,18 @@ def failed_runs(spec: SweepSpec, output_dir: str) -> list[Run]:
 
 
 def run_config(task, spec: SweepSpec, run: Run) -> dict[str, Any]:
-  """The run's config.json: a restarted run must match it (`experiment.check_config`)."""
-  return dict(run=run.name, task=task.name,
-              aggregator_args=spec.aggregator_args.get(run.aggregator, {}),
-              attack_args=spec.attack_args.get(run.attack, {}),
-              **_client_work_config(spec),
-              **{k: v for k, v in spec.simulation_kwargs.items()
-                 if k != 'server_optimizer'})
+  """The run's config.json: a restarted run must match it (`experiment.check_config`).
+  It names the revisions of the factories whose results changed (a checkpoint of an
+  older revision is not resumed, nor its ledger entry used)."""
+  config = dict(run=run.name, task=task.name,
+                aggregator_args=spec.aggregator_args.get(run.aggregator, {}),
+                attack_args=spec.attack_args.get(run.attack, {}),
+                **_client_work_config(spec),
+                **{k: v for k, v in spec.simulation_kwargs.items()
+                   if k != 'server_optimizer'})
+  return registry.with_results_revisions(config, registry.aggregator_from_name(
+      run.aggregator, assumed_byzantine_fraction=run.rho,
+      **spec.aggregator_args.get(run.aggregator, {})))
 
 
 def run_fingerprint(task, spec: SweepSpec, run: Run) -> str:
@@ -318,35 +335,7 @@ def run_fingerprint(task, spec: SweepSpec, run: Run) -> str:
       server_optimizer=_describe(spec.simulation_kwargs.get('server_optimizer')),
       client_spec=dataclasses.asdict(task.client_spec), data=dict(task.provenance),
       partition=_partition_digest(task), version=FINGERPRINT_VERSION)
-  revisions = aggregator_revisions(registry.aggregator_from_name(
-      run.aggregator, assumed_byzantine_fraction=run.rho,
-      **spec.aggregator_args.get(run.aggregator, {})))
-  if revisions:  # Absent while every factory is at its first revision.
-    config['aggregator_revisions'] = revisions
   return ledger.fingerprint(config)
-
-
-_FACTORY_TYPES = (tff.aggregators.WeightedAggregationFactory,
-                  tff.aggregators.UnweightedAggregationFactory)
-
-
-def aggregator_revisions(factory) -> dict[str, int]:
-  """{class name: `RESULTS_REVISION`} of every factory in `factory`'s wrapping chain
-  that declares one. A factory whose results change for the same arguments (a new
-  default) bumps its `RESULTS_REVISION`, so the runs using it are retrained instead
-  of taken from the ledger; the other runs keep their fingerprints."""
-  found, pending, seen = {}, [factory], set()
-  while pending:
-    obj = pending.pop()
-    if id(obj) in seen:
-      continue
-    seen.add(id(obj))
-    revision = getattr(type(obj), 'RESULTS_REVISION', None)
-    if revision is not None:
-      found[type(obj).__name__] = revision
-    pending.extend(v for v in getattr(obj, '__dict__', {}).values()
-                   if isinstance(v, _FACTORY_TYPES))
-  return dict(sorted(found.items()))
 
 
 def _partition_digest(task) -> str:

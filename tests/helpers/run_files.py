@@ -106,7 +106,7 @@ def every_checkpoint_garbled(directory):
 
 BAD_FILES = (
     ('every_checkpoint_unreadable', every_checkpoint_garbled,
-     'no checkpoint is readable: round_3 .*round_2 .*round_1'),
+     'no checkpoint reads back with these flags: round_3 .*round_2 .*round_1'),
     ('truncated_row_of_a_finished_round', truncate_row_of_round_1,
      'line 3 has .* columns'),
     ('missing_row_of_a_finished_round', drop_row_of_round_1, 'no row for round.* 1'),

@@ -275,6 +275,23 @@ class ExperimentFilesTest(parameterized.TestCase):
     self._assert_equals_the_uninterrupted_run(directory)
     self.assertEqual(_config(directory), _CONFIG)
 
+  def test_flags_that_change_the_state_are_named_as_another_configuration(self):
+    # A warm-started GM carries its previous aggregate: the checkpoint's structure
+    # differs, yet the answer is "other flags", not "damaged: delete the run".
+    directory = self._copy_of_finished_run()
+    os.remove(os.path.join(directory, experiment.CONFIG_FILE))
+    task = builders.build_task('emnist', 'linear', source='synthetic',
+                               client_spec=builders.ClientSpec(1, 10))
+    warm = loop.Simulation(
+        task, registry.aggregator_from_name('gm', initial_point='previous'),
+        attack='omniscient', rho=0.2, clients_per_round=3, seed=0)
+    before = _snapshot(directory)
+    with self.assertRaisesRegex(experiment.ConfigMismatchError,
+                                r'round_3 is a checkpoint of a run with a different '
+                                r"configuration \(run: 'test' → 'warm'"):
+      _run(warm, directory, _ROUNDS, config={'run': 'warm'})
+    self.assertEqual(_snapshot(directory), before)
+
   @parameterized.named_parameters(('config_json_kept', True),
                                   ('config_json_deleted', False))
   def test_checkpoints_without_a_configuration_need_config_json(self, kept):

@@ -304,4 +304,36 @@ class AggregatorRevisionTest(parameterized.TestCase):
     # Only the factories whose results changed declare a revision: the ledger's
     # other runs keep their fingerprints and are not retrained.
     factory = registry.aggregator_from_name(name, assumed_byzantine_fraction=0.1)
-    self.assertEqual(sweep.aggregator_revisions(factory), expected)
+    self.assertEqual(registry.results_revisions(factory), expected)
+
+
+class StaleRunTest(parameterized.TestCase):
+
+  @parameterized.parameters(True, False)
+  def test_a_run_finished_under_another_configuration_is_set_aside(self, diverged):
+    # E.g. under an older revision of its aggregator: neither its result nor its
+    # divergence is this configuration's.
+    spec = sweep.SweepSpec(aggregators=['gm'], attacks=['omniscient'], rhos=[0.1],
+                           seeds=[0], rounds=3)
+    run = spec.runs()[0]
+    with tempfile.TemporaryDirectory() as root:
+      directory = os.path.join(root, run.name)
+      os.makedirs(directory)
+      with open(os.path.join(directory, sweep.FINGERPRINT_FILE), 'w') as f:
+        f.write('old')
+      if diverged:
+        open(os.path.join(directory, sweep.DIVERGED_MARKER), 'w').close()
+      self.assertIsNone(sweep._why_skipped(directory, spec, run, 'new', {}))  # pylint: disable=protected-access
+      self.assertFalse(os.path.exists(directory))
+      self.assertTrue(os.path.isdir(directory + '.stale-old'))
+
+  def test_the_same_configuration_stays_finished(self):
+    spec = sweep.SweepSpec(aggregators=['gm'], attacks=['omniscient'], rhos=[0.1],
+                           seeds=[0], rounds=3)
+    run = spec.runs()[0]
+    with tempfile.TemporaryDirectory() as root:
+      directory = os.path.join(root, run.name)
+      os.makedirs(directory)
+      with open(os.path.join(directory, sweep.FINGERPRINT_FILE), 'w') as f:
+        f.write('same')
+      self.assertEqual(sweep._why_skipped(directory, spec, run, 'same', {}), 'finished')  # pylint: disable=protected-access
