@@ -41,6 +41,30 @@ def squared_distances_to(values, center, block: int = gather.COLUMN_BLOCK):
   return total
 
 
+def distances_to(values, center, block: int = gather.COLUMN_BLOCK):
+  """‖x_i − v‖ (float64 `[n]`); rows whose squared distance overflows float64 (a
+  float64 model with a client at 1e200) are measured scaled by their largest entry,
+  as `tff_robust.numerics.global_l2_distance` does on the clients."""
+  squared = squared_distances_to(values, center, block)
+
+  def rescaled():
+    largest = tf.zeros(tf.shape(values)[:1], tf.float64)
+    for start in range(0, values.shape[1], block):
+      columns = tf.cast(values[:, start:start + block], tf.float64)
+      largest = tf.maximum(largest, tf.reduce_max(
+          tf.abs(columns - center[start:start + block]), axis=1))
+    safe = tf.where(largest > 0, largest, tf.ones_like(largest))
+    total = tf.zeros_like(largest)
+    for start in range(0, values.shape[1], block):
+      columns = tf.cast(values[:, start:start + block], tf.float64)
+      total += tf.reduce_sum(tf.square(
+          (columns - center[start:start + block]) / safe[:, tf.newaxis]), axis=1)
+    return tf.where(tf.math.is_inf(squared), safe * tf.sqrt(total), tf.sqrt(squared))
+
+  return tf.cond(tf.reduce_any(tf.math.is_inf(squared)), rescaled,
+                 lambda: tf.sqrt(squared))
+
+
 def weighted_average(values, weights):
   """Σ w_i x_i / Σ w_i in float64 (`[p]`), zeros if the weights sum to zero; by
   column blocks, so no float64 copy of the matrix is made."""
@@ -142,20 +166,20 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
       return tf.zeros(tf.shape(values)[1:], tf.float64)
     return None
 
-  def _floor(self, alphas, distances):
+  def _floor(self, alphas, distances, float64: bool):
     """ν for a pass with these distances: the absolute one, or the relative one
     from the same histogram the secure factory sums over its clients."""
     if self._relative_nu is None:
       return tf.constant(self._nu, tf.float64)
     statistics = tf.reduce_sum(tf.map_fn(
-        lambda pair: robust_scale.client_statistics(pair[0], pair[1]),
+        lambda pair: robust_scale.client_statistics(pair[0], pair[1], float64),
         (distances, alphas), fn_output_signature=tf.float64), axis=0)
     return robust_scale.relative_floor(statistics, self._relative_nu)
 
   def _pass(self, values, alphas, center):
     """One Weiszfeld pass from `center`: (proposal, Σβ, g_ν(center), max β/Σβ, ν)."""
-    distances = tf.sqrt(squared_distances_to(values, center))
-    nu = self._floor(alphas, distances)
+    distances = distances_to(values, center)
+    nu = self._floor(alphas, distances, values.dtype == tf.float64)
     betas = weiszfeld_weights(alphas, distances, nu)
     beta_sum = tf.reduce_sum(betas)
     objective = tf.reduce_sum(alphas * geometric_median.smoothed_norm(distances, nu))
@@ -193,8 +217,9 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
       objectives.append(objective)
       relative_gradients.append(relative_gradient)
       max_shares.append(max_share)
-    distances = tf.sqrt(squared_distances_to(values, center))
-    last_nu = floors[-1] if floors else self._floor(alphas, distances)
+    distances = distances_to(values, center)
+    last_nu = floors[-1] if floors else self._floor(alphas, distances,
+                                                    values.dtype == tf.float64)
     objectives.append(tf.reduce_sum(
         alphas * geometric_median.smoothed_norm(distances, last_nu)))
     result = tf.cast(center, values.dtype)

@@ -15,6 +15,7 @@ from tff_robust import arguments
 from tff_robust import iterative_mean
 from tff_robust import numerics
 from tff_robust import robust_scale
+from tff_robust import type_checks
 from tff_robust import unit_weights
 
 INITIAL_POINTS = ('mean', 'zero', 'previous')
@@ -385,14 +386,17 @@ class WeiszfeldSteps:
     self.warm_start = factory.initial_point == 'previous'
     self._report_max_weight = factory.report_max_effective_weight
 
+    float64 = type_checks.has_float64(value_type)
+
     @tff.tensorflow.computation(value_type, tf.float32)
     def scale_statistics_from_norm(value, weight):
-      return robust_scale.client_statistics(numerics.global_l2_norm(value), weight)
+      return robust_scale.client_statistics(numerics.global_l2_norm(value), weight,
+                                            float64)
 
     @tff.tensorflow.computation(value_type, value_type, tf.float32)
     def scale_statistics(center, value, weight):
       return robust_scale.client_statistics(
-          numerics.global_l2_distance(value, center), weight)
+          numerics.global_l2_distance(value, center), weight, float64)
 
     @tff.tensorflow.computation(scale_statistics.type_signature.result)
     def floor_from_statistics(statistics):

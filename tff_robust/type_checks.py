@@ -41,3 +41,11 @@ def check_weight_type(weight_type: Optional[tff.Type]) -> None:
     raise TypeError(
         'The weight type must be a scalar of a float or integer dtype (client weights '
         f'such as example counts), got {weight_type}.')
+
+
+def has_float64(value_type) -> bool:
+  """Whether a structure of float tensors holds a float64 tensor."""
+  if isinstance(value_type, tff.TensorType):
+    return np.dtype(value_type.dtype) == np.float64
+  return any(has_float64(element)
+             for _, element in tff.structure.iter_elements(value_type))

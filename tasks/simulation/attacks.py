@@ -223,11 +223,9 @@ class TinyUpdate(UpdateAttack):
 
   def malicious_rows(self, updates, weights, corrupted, rng):
     del weights, rng
-    rows = updates[corrupted]
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
     honest_scale = np.median(np.linalg.norm(honest_rows(updates, corrupted), axis=1))
-    return np.where(norms > 0, rows / np.where(norms > 0, norms, 1.0), 0.0) * (
-        self.epsilon * honest_scale)
+    return (self.epsilon * honest_scale * unit_directions(updates[corrupted])).astype(
+        updates.dtype)
 
 
 @register('far_update')
@@ -240,12 +238,16 @@ class FarUpdate(UpdateAttack):
 
   def malicious_rows(self, updates, weights, corrupted, rng):
     del weights, rng
-    rows = updates[corrupted].astype(np.float64)
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    # A zero update has no direction: it is sent along the all-ones direction.
-    fallback = np.full_like(rows, 1.0 / np.sqrt(max(rows.shape[1], 1)))
-    directions = np.where(norms > 0, rows / np.where(norms > 0, norms, 1.0), fallback)
-    return (self.norm * directions).astype(updates.dtype)
+    return (self.norm * unit_directions(updates[corrupted])).astype(updates.dtype)
+
+
+def unit_directions(rows: np.ndarray) -> np.ndarray:
+  """Every row divided by its norm (float64); a zero row, which has no direction, is
+  the all-ones direction."""
+  rows = rows.astype(np.float64)
+  norms = np.linalg.norm(rows, axis=1, keepdims=True)
+  fallback = np.full_like(rows, 1.0 / np.sqrt(max(rows.shape[1], 1)))
+  return np.where(norms > 0, rows / np.where(norms > 0, norms, 1.0), fallback)
 
 
 @register('random_gaussian')

@@ -19,12 +19,14 @@ def exact_geometric_median(points, alphas):
   return v
 
 
-def robust_typical_distance(distances, alphas):
+def robust_typical_distance(distances, alphas, float64=False):
   """The scale of `tff_robust.robust_scale`, written from its definition: the
-  α-weighted geometric mean of the positive distances whose ⌊log2⌋ is within 4 of
-  the ⌊log2⌋ of the α-weighted median (buckets clamped to [−160, 159])."""
-  counted = distances > 0
-  exponents = np.clip(np.floor(np.log2(distances[counted])), -160, 159)
+  α-weighted geometric mean of the positive finite distances whose ⌊log2⌋ is within
+  4 of the ⌊log2⌋ of the α-weighted median (buckets clamped to [−160, 159], or
+  [−1080, 1049] for float64 models)."""
+  counted = (distances > 0) & np.isfinite(distances)
+  low, high = (-1080, 1049) if float64 else (-160, 159)
+  exponents = np.clip(np.floor(np.log2(distances[counted])), low, high)
   weights = alphas[counted]
   order = np.argsort(exponents, kind='stable')
   cumulative = np.cumsum(weights[order])
@@ -34,13 +36,20 @@ def robust_typical_distance(distances, alphas):
                  / np.sum(weights[near]))
 
 
-def numpy_default_gm(points, alphas, passes, relative_nu=0.2):
+def norms(rows):
+  """Row norms without overflow (rows scaled by their largest entry)."""
+  largest = np.max(np.abs(rows), axis=1, keepdims=True)
+  safe = np.where(largest > 0, largest, 1.0)
+  return safe[:, 0] * np.linalg.norm(rows / safe, axis=1)
+
+
+def numpy_default_gm(points, alphas, passes, relative_nu=0.2, float64=False):
   """Algorithm 2 from v = 0 (Algorithm 3 for one pass), ν relative per pass, every
   pass applied (the factories' `tolerance=0`)."""
   v = np.zeros(points.shape[1])
   for _ in range(passes):
-    distances = np.linalg.norm(points - v, axis=1)
-    nu = relative_nu * robust_typical_distance(distances, alphas)
+    distances = norms(points - v)
+    nu = relative_nu * robust_typical_distance(distances, alphas, float64)
     beta = alphas / np.maximum(distances, nu)
     v = beta @ points / beta.sum()
   return v

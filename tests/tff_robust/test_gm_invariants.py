@@ -40,7 +40,8 @@ def with_client(honest, client):
   return np.vstack([honest, extra[np.newaxis]])
 
 
-def run(factory, points, alphas=None, dtype=np.float32, path='fused'):
+def run(factory, points, alphas=None, dtype=np.float32, path='fused', calls=1):
+  """The result and measurements of the `calls`-th `next` on the same clients."""
   alphas = np.ones(len(points)) if alphas is None else alphas
   value_type = tff.TensorType(dtype, [points.shape[1]])
   weight_type = tff.TensorType(np.float32)
@@ -48,8 +49,11 @@ def run(factory, points, alphas=None, dtype=np.float32, path='fused'):
     process = passwise.PasswiseFactory(factory).create(value_type, weight_type)
   else:
     process = factory.create(value_type, weight_type)
-  output = process.next(process.initialize(), [p.astype(dtype) for p in points],
-                        [np.float32(a) for a in alphas])
+  state = process.initialize()
+  for _ in range(calls):
+    output = process.next(state, [p.astype(dtype) for p in points],
+                          [np.float32(a) for a in alphas])
+    state = output.state
   return np.asarray(output.result), output.measurements
 
 
@@ -114,6 +118,18 @@ class ScaleEquivarianceTest(parameterized.TestCase):
     self.assertLess(relative_distance(scaled, scale * base), 1e-5)
 
 
+  def test_a_client_at_the_histogram_windows_edge_moves_the_result_a_little(self):
+    # The documented exception (`tff_robust.robust_scale`): a client at 1/20 of the
+    # others' norm may cross the fixed grid's window edge when scaled by 1.7.
+    points = with_client(honest_updates(100, 'agreeing'), 'tiny')
+    points[-1] = 0.05 * points[0]
+    for make, bound in ((tff_robust.GeometricMedianFactory, 1e-3),
+                        (tff_robust.one_step_geometric_median_factory, 0.05)):
+      base, _ = run(make(), points, dtype=np.float64)
+      scaled, _ = run(make(), 1.7 * points, dtype=np.float64)
+      self.assertLess(relative_distance(scaled, 1.7 * base), bound)
+
+
 class ExtremeClientsTest(parameterized.TestCase):
 
   @parameterized.parameters('fused', 'passwise', 'gathered')
@@ -128,6 +144,22 @@ class ExtremeClientsTest(parameterized.TestCase):
     else:
       result, _ = run(tff_robust.GeometricMedianFactory(), points, path=path)
     self.assertLess(relative_distance(result, expected), 1e-5)
+
+
+  @parameterized.parameters('fused', 'gathered')
+  def test_float64_models_beyond_the_float32_range_keep_a_robust_scale(self, path):
+    # Honest clients at 1e50, one at 1e200: the float64 buckets tell them apart.
+    points = 1e50 * with_client(honest_updates(100, 'agreeing'), 'zero')
+    points[-1] = 1e200
+    factory = (gathered.GatheredGeometricMedianFactory() if path == 'gathered'
+               else tff_robust.GeometricMedianFactory())
+    result, _ = run(factory, points, dtype=np.float64)
+    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 3,
+                                             float64=True)
+    self.assertLess(relative_distance(result, expected), 1e-9)
+    honest_median = gm_reference.exact_geometric_median(points[:-1],
+                                                        np.ones(NUM_HONEST))
+    self.assertLess(relative_distance(result, honest_median), 0.1)
 
 
 class Float64AndPathsTest(parameterized.TestCase):
@@ -150,14 +182,16 @@ class Float64AndPathsTest(parameterized.TestCase):
   def test_every_path_gives_the_same_answer(self, path, start):
     points = with_client(honest_updates(100, 'agreeing', seed=5), 'zero')
     alphas = np.random.default_rng(4).uniform(1, 50, len(points))
+    # Two calls: the warm start's second one starts from the first one's result.
     fused, fused_measurements = run(
-        tff_robust.GeometricMedianFactory(initial_point=start), points, alphas)
+        tff_robust.GeometricMedianFactory(initial_point=start), points, alphas, calls=2)
     if path == 'gathered':
       other, measurements = run(
-          gathered.GatheredGeometricMedianFactory(initial_point=start), points, alphas)
+          gathered.GatheredGeometricMedianFactory(initial_point=start), points, alphas,
+          calls=2)
     else:
       other, measurements = run(tff_robust.GeometricMedianFactory(initial_point=start),
-                                points, alphas, path='passwise')
+                                points, alphas, path='passwise', calls=2)
     self.assertLess(relative_distance(other, fused), 1e-5)
     np.testing.assert_allclose(measurements['nu'], fused_measurements['nu'], rtol=1e-5)
 

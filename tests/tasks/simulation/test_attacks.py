@@ -159,6 +159,17 @@ class CorruptUpdatesTest(parameterized.TestCase):
       np.testing.assert_allclose(_flat(attacked[i]), scale * own / np.linalg.norm(own),
                                  rtol=1e-6)
 
+  @parameterized.parameters('tiny_update', 'far_update')
+  def test_a_zero_update_is_sent_along_the_all_ones_direction(self, attack):
+    rows = np.zeros((3, 4), np.float32)
+    rows[1:] = 1.0
+    sent = attacks.build_update_attack(attack).malicious_rows(
+        rows, np.ones(3), np.array([True, False, False]), np.random.default_rng(0))
+    self.assertTrue(np.all(sent > 0))
+    row = sent[0].astype(np.float64)
+    np.testing.assert_allclose(row / np.linalg.norm(row), np.full(4, 0.5),
+                               rtol=1e-6)
+
   def test_far_update_is_its_direction_at_the_given_norm(self):
     attacked = self._corrupt('far_update', norm=1e30)
     for i in np.flatnonzero(self.corrupted):
