@@ -26,7 +26,8 @@ Use:
 
 Limitation (TFF's, not ours): the mergeable context runs only computations whose
 aggregations do not depend on one another. FedAvg, GMA, the mean and one-step RFA with
-`report_objective=False` qualify as they are; multi-pass RFA, the γ-mean and secure
+the paper's `nu=1e-6` and `report_objective=False` qualify as they are (the default
+relative ν sums a histogram before the mean); RFA, the γ-mean and secure
 centered clipping are sequences of dependent secure averages by nature: run them with
 `tff_robust.passwise`, which calls one single-aggregate computation per pass.
 

@@ -1,7 +1,9 @@
 """The smoothed Weiszfeld geometric median (RFA) as an iterative secure aggregate.
 
 Pillutla, Kakade, Harchaoui, "Robust Aggregation for Federated Learning", Algorithms 2
-(smoothed Weiszfeld) and 3 (one step), with the hyperparameters of Appendix D.2.3.
+(smoothed Weiszfeld) and 3 (one step), with the passes of Appendix D.2.3 (R = 3) and,
+by default, a smoothing ν relative to the clients' typical distance instead of its
+absolute 1e-6 (see `GeometricMedianFactory`).
 """
 
 import collections
@@ -179,7 +181,9 @@ class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
   *   `objective`: float64 vector of length `num_communication_passes`, the smoothed
       objective g_ν(v) = Σ α_i ‖v − w_i‖_(ν) (paper eq. 12) after every pass
       (absent if `report_objective=False`).
-  *   `num_secure_average_calls`: calls of the inner mean factory (its `next`).
+  *   `num_secure_average_calls`: calls of the inner mean factory (its `next`), the
+      model-sized aggregations; the relative ν's histogram sums (one before each
+      Weiszfeld step) are not counted in it.
   *   `num_passes_applied`: passes whose result was kept (smaller than the number of
       calls when the tolerance froze the estimate).
   *   `frozen_at_pass`: the pass r whose relative gradient fell to `tolerance`, i.e.

