@@ -45,7 +45,9 @@ flag_groups.define_task_flags(task='emnist', model='linear', data_source='bundle
 flag_groups.define_training_flags(sweep=True, rounds=30, clients_per_round=10,
                                   client_learning_rate=0.1, eval_period=5,
                                   tensorboard=False)
-flag_groups.define_sweep_flags(aggregators=['gm'], attacks=['omniscient', 'alie', 'ipm'],
+flag_groups.define_sweep_flags(aggregators=['gm'], attacks=[
+                                   'omniscient', 'alie', 'ipm', 'zero_update',
+                                   'tiny_update', 'far_update'],
                                rhos=['0', '0.25'], seeds=['0', '1', '2'],
                                output_dir='runs/gm_start_study')
 _STARTS = flags.DEFINE_list('starts', list(geometric_median.INITIAL_POINTS),
