@@ -191,7 +191,8 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     try:
       with run_lock.owned(directory):
         # Asked again as the owner: another sweep may have finished it meanwhile.
-        skipped = _why_skipped(directory, spec, run, fingerprint, recorded)
+        skipped = _why_skipped(directory, spec, run, fingerprint, recorded,
+                               owner=True)
         if skipped:
           log(f'{label}: {skipped}, skipped.')
           continue
@@ -207,15 +208,18 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
 
 
 def _why_skipped(directory: str, spec: SweepSpec, run: Run, fingerprint: str,
-                 recorded: Mapping[ledger.Key, ledger.Entry]) -> Optional[str]:
-  """Why the run needs no training ('finished', ...), or None."""
+                 recorded: Mapping[ledger.Key, ledger.Entry],
+                 owner: bool = False) -> Optional[str]:
+  """Why the run needs no training ('finished', ...), or None; as the directory's
+  `owner`, a run finished under another configuration is set aside."""
   stored = _stored_fingerprint(directory)
   # A directory finished under another configuration (an older revision of its
   # aggregator) is not this run's result, diverged or not.
   if stored is not None and stored != fingerprint:
     if (run.name, fingerprint) in recorded:
       return 'in the ledger'
-    _set_aside(directory, stored)
+    if owner:
+      _set_aside(directory, stored)
     return None
   if os.path.exists(os.path.join(directory, DIVERGED_MARKER)):
     return 'diverged in an earlier session'
@@ -227,9 +231,14 @@ def _why_skipped(directory: str, spec: SweepSpec, run: Run, fingerprint: str,
 
 
 def _set_aside(directory: str, stored_fingerprint: str) -> None:
-  """Moves a run finished under another configuration out of the way (kept, not
-  deleted), so that this configuration trains from round 0 in its place."""
-  os.replace(directory, f'{directory}.stale-{stored_fingerprint}')
+  """Moves the files of a run finished under another configuration out of the way
+  (kept, not deleted), so that this configuration trains from round 0 in its place.
+  The lock file stays: the directory remains this process's."""
+  stale = f'{directory}.stale-{stored_fingerprint}'
+  os.makedirs(stale, exist_ok=True)
+  for name in os.listdir(directory):
+    if name != run_lock.LOCK_FILE:
+      os.replace(os.path.join(directory, name), os.path.join(stale, name))
 
 
 def _run_cell(task, spec: SweepSpec, run: Run, directory: str, label: str,

@@ -324,8 +324,11 @@ class StaleRunTest(parameterized.TestCase):
       if diverged:
         open(os.path.join(directory, sweep.DIVERGED_MARKER), 'w').close()
       self.assertIsNone(sweep._why_skipped(directory, spec, run, 'new', {}))  # pylint: disable=protected-access
-      self.assertFalse(os.path.exists(directory))
-      self.assertTrue(os.path.isdir(directory + '.stale-old'))
+      self.assertTrue(os.path.isdir(directory))  # Only its owner moves it.
+      self.assertIsNone(sweep._why_skipped(directory, spec, run, 'new', {}, owner=True))  # pylint: disable=protected-access
+      self.assertEqual(os.listdir(directory), [])
+      self.assertCountEqual(os.listdir(directory + '.stale-old'),
+                            [sweep.FINGERPRINT_FILE] + [sweep.DIVERGED_MARKER] * diverged)
 
   def test_the_same_configuration_stays_finished(self):
     spec = sweep.SweepSpec(aggregators=['gm'], attacks=['omniscient'], rhos=[0.1],
