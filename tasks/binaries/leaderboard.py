@@ -26,6 +26,11 @@ and, with --results_dir, there:
                     the ledger (`tasks.simulation.ledger`): every finished run's
                     final accuracy under a fingerprint of its whole configuration
 
+A slice narrowed by --aggregators, --attacks, --rhos, --seeds or --worker_momenta adds
+its runs to the ledger and writes its pages into --output_dir only: the committed
+pages and the README table (the default --results_dir and --readme) are written by the
+full grid alone, so a slice cannot replace them by its own rows.
+
 Finished runs are skipped, so an interrupted leaderboard resumes (a run checkpoints
 every --checkpoint_period = 10 rounds), and so are the runs in the ledger, which is
 committed with the table: the grid is trained in slices, over sessions and machines,
@@ -157,15 +162,47 @@ def main(argv):
     pages.append((page_spec, suffix, trained))
   # Runs that other slices finished in the same output directory.
   entries = ledger.merge(ledger_path, sweep.finished_entries(task, spec, output_dir))
+  keep_committed = _keeps_committed_pages()
   for page_spec, suffix, page_trained in pages:
     summary = _write_page(task, page_spec, suffix, entries, page_trained,
-                          time.time() - start, output_dir, ledger_path)
+                          time.time() - start, output_dir, ledger_path,
+                          keep_committed=keep_committed)
   sweep.write_summary(summary, output_dir)  # The last page's runs are all of `spec`.
 
 
+# The flags that narrow the grid to a slice.
+_GRID_FLAGS = ('aggregators', 'attacks', 'rhos', 'seeds', 'worker_momenta')
+
+
+def _narrowed_flags() -> list[str]:
+  return [name for name in _GRID_FLAGS if FLAGS[name].value != FLAGS[name].default]
+
+
+def _committed_targets() -> list[str]:
+  """The flags among --results_dir and --readme that point at the repository's own
+  files (their defaults)."""
+  return [name for name in ('results_dir', 'readme')
+          if FLAGS[name].value and os.path.abspath(FLAGS[name].value) ==
+          os.path.abspath(FLAGS[name].default)]
+
+
+def _keeps_committed_pages() -> bool:
+  """A slice narrowed by the grid flags must not replace the committed full pages and
+  README table by its own rows: it adds its runs to the ledger and writes its pages
+  into --output_dir only (say so once)."""
+  narrowed, committed = _narrowed_flags(), _committed_targets()
+  if narrowed and committed:
+    print(f'A slice ({", ".join("--" + n for n in narrowed)}) does not rewrite the '
+          f'committed pages ({", ".join("--" + n for n in committed)}): its pages are '
+          'in --output_dir, its runs in the ledger; the full grid (no grid flag) '
+          'writes the committed pages.', file=sys.stderr)
+    return True
+  return False
+
+
 def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
-                seconds: float, output_dir: str,
-                ledger_path: str) -> list[dict[str, Any]]:
+                seconds: float, output_dir: str, ledger_path: str,
+                keep_committed: bool = False) -> list[dict[str, Any]]:
   """leaderboard<suffix>.md and heatmap<suffix>.png of `spec`'s runs in `output_dir`,
   copied to --results_dir; the README gets the page without momentum. Returns the
   summary of those runs."""
@@ -180,17 +217,20 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
                            f'{FLAGS.task} {FLAGS.model}: final accuracy (%)')
   with open(os.path.join(output_dir, f'leaderboard{suffix}.md'), 'w') as f:
     f.write(page)
-  if FLAGS.results_dir:
-    os.makedirs(FLAGS.results_dir, exist_ok=True)
-    stem = os.path.join(FLAGS.results_dir,
+  results_dir = '' if keep_committed and 'results_dir' in _committed_targets() else (
+      FLAGS.results_dir)
+  readme = '' if keep_committed and 'readme' in _committed_targets() else FLAGS.readme
+  if results_dir:
+    os.makedirs(results_dir, exist_ok=True)
+    stem = os.path.join(results_dir,
                         f'leaderboard_{FLAGS.task}_{FLAGS.model}{suffix}')
     with open(stem + '.md', 'w') as f:
       f.write(page)
     shutil.copyfile(heatmap, stem + '.png')
-  if (not suffix and FLAGS.readme and FLAGS.model == FLAGS.readme_model and
-      not sweep.update_marked_section(FLAGS.readme, page, leaderboard.README_BEGIN,
+  if (not suffix and readme and FLAGS.model == FLAGS.readme_model and
+      not sweep.update_marked_section(readme, page, leaderboard.README_BEGIN,
                                       leaderboard.README_END)):
-    print(f'{FLAGS.readme} has no {leaderboard.README_BEGIN} ... '
+    print(f'{readme} has no {leaderboard.README_BEGIN} ... '
           f'{leaderboard.README_END} section; not updated.', file=sys.stderr)
   print(page)
   return summary

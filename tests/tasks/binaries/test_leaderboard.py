@@ -1,6 +1,7 @@
 """The leaderboard binary end to end on synthetic data: table, heatmap, README."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -93,3 +94,31 @@ def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):
   assert f'ERROR: {ledger_path}: line 1' in broken.stderr
   assert 'git checkout' in broken.stderr
   assert not (tmp_path / 'third' / 'runs').exists()
+
+
+def test_a_narrowed_slice_leaves_the_committed_pages_alone(tmp_path):
+  # In a copy of the sources, whose results/ and README.md are the defaults: a slice
+  # (--aggregators=mean) adds its runs to the ledger but must not replace the full
+  # page and the README table by its one row.
+  repo = tmp_path / 'repo'
+  for package in ('tff_robust', 'baselines', 'tasks'):
+    shutil.copytree(os.path.join(_REPO, package), repo / package,
+                    ignore=shutil.ignore_patterns('__pycache__'))
+  (repo / 'results').mkdir()
+  page = repo / 'results' / 'leaderboard_emnist_linear.md'
+  page.write_text('the full grid\n')
+  readme = repo / 'README.md'
+  readme.write_text(f'{leaderboard.README_BEGIN}\nthe full grid\n'
+                    f'{leaderboard.README_END}\n', encoding='utf-8')
+  result = subprocess.run(
+      [sys.executable, '-m', 'tasks.binaries.leaderboard', '--data_source=synthetic',
+       '--aggregators=mean', '--attacks=sign_flip', '--rhos=0', '--seeds=0',
+       '--worker_momenta=0', '--rounds=1', '--clients_per_round=4', '--noprogress',
+       f'--output_dir={tmp_path / "runs"}'],
+      cwd=repo, capture_output=True, text=True, timeout=600, env=processes.quiet_env())
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'does not rewrite the committed pages (--results_dir, --readme)' in result.stderr
+  assert page.read_text() == 'the full grid\n'
+  assert 'the full grid' in readme.read_text(encoding='utf-8')
+  assert (repo / 'results' / 'leaderboard_emnist_linear_runs.csv').exists()
+  assert ' | mean | ' in (tmp_path / 'runs' / 'leaderboard.md').read_text()
