@@ -16,6 +16,11 @@ import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
+
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _GIB = 2**30

@@ -7,9 +7,14 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+import pytest
 
 from benchmarks import aggregator_memory_time
 from tests.helpers import processes
+
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -8,9 +8,14 @@ import sys
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
+import pytest
 
 from benchmarks import personalization_report as report
 from tests.helpers import processes
+
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

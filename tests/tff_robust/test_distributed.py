@@ -16,6 +16,10 @@ from tff_robust import gradient_masking
 from tff_robust import nonfinite
 from tff_robust import passwise
 
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
+
 RELATIVE_TOLERANCE = 1e-6
 
 def _filtered(build):

@@ -5,8 +5,14 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tasks.simulation import leaderboard
 from tests.helpers import processes
+
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))

@@ -11,6 +11,10 @@ import pytest
 
 from tests.helpers import processes
 
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
+
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 _FLAGS = ['--data_source=synthetic', '--aggregators=mean,one_step_gm',

@@ -12,6 +12,7 @@ from unittest import mock
 from absl import flags
 from absl.testing import flagsaver
 from absl.testing import parameterized
+import pytest
 
 from tasks.binaries import exit_status
 from tasks.binaries import train
@@ -19,6 +20,10 @@ from tasks.simulation import experiment
 from tasks.simulation import loop
 from tests.helpers import processes
 from tests.helpers import run_files
+
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
 
 FLAGS = flags.FLAGS
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(

@@ -13,10 +13,15 @@ import time
 
 from absl import flags
 from absl.testing import flagsaver
+import pytest
 
 from tasks.binaries import train
 from tasks.simulation import experiment
 from tests.helpers import processes
+
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
 
 FLAGS = flags.FLAGS
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(

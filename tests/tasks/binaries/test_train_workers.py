@@ -13,6 +13,10 @@ import pytest
 from tests.helpers import processes
 from tff_robust import distributed
 
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
+
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 _RUN = ['--task=emnist', '--model=linear', '--data_source=synthetic',

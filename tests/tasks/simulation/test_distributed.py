@@ -11,6 +11,10 @@ from tasks.simulation import loop
 from tests.helpers import processes
 from tff_robust import distributed
 
+# Starts subprocesses (binaries, benchmarks or worker processes): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
+
 RELATIVE_TOLERANCE = 1e-6
 AGGREGATORS = {
     'mean': {},  # FedAvg.
