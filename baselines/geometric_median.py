@@ -171,9 +171,8 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
     from the same histogram the secure factory sums over its clients."""
     if self._relative_nu is None:
       return tf.constant(self._nu, tf.float64)
-    statistics = tf.reduce_sum(tf.map_fn(
-        lambda pair: robust_scale.client_statistics(pair[0], pair[1], float64),
-        (distances, alphas), fn_output_signature=tf.float64), axis=0)
+    statistics = tf.reduce_sum(
+        robust_scale.client_statistics(distances, alphas, float64), axis=1)
     return robust_scale.relative_floor(statistics, self._relative_nu)
 
   def _pass(self, values, alphas, center):

@@ -390,21 +390,8 @@ class WeiszfeldSteps:
     self.warm_start = factory.initial_point == 'previous'
     self._report_max_weight = factory.report_max_effective_weight
 
-    float64 = type_checks.has_float64(value_type)
-
-    @tff.tensorflow.computation(value_type, tf.float32)
-    def scale_statistics_from_norm(value, weight):
-      return robust_scale.client_statistics(numerics.global_l2_norm(value), weight,
-                                            float64)
-
-    @tff.tensorflow.computation(value_type, value_type, tf.float32)
-    def scale_statistics(center, value, weight):
-      return robust_scale.client_statistics(
-          numerics.global_l2_distance(value, center), weight, float64)
-
-    @tff.tensorflow.computation(scale_statistics.type_signature.result)
-    def floor_from_statistics(statistics):
-      return robust_scale.relative_floor(statistics, relative_nu or 0.0)
+    if self.relative:
+      self._define_floor_statistics(value_type, relative_nu)
 
     @tff.tensorflow.computation(value_type, tf.float32, tf.float64)
     def weight_from_norm(value, weight, nu):
@@ -462,9 +449,6 @@ class WeiszfeldSteps:
       return collections.OrderedDict(frozen=tf.constant(False),
                                      frozen_at=tf.constant(0), passes=tf.constant(1))
 
-    self._scale_statistics_from_norm = scale_statistics_from_norm
-    self._scale_statistics = scale_statistics
-    self._floor_from_statistics = floor_from_statistics
     self._weight_from_norm = weight_from_norm
     self._weight_from_distance = weight_from_distance
     self._zero_value = zero_value
@@ -473,6 +457,28 @@ class WeiszfeldSteps:
     self._advance = advance
     self._not_frozen = not_frozen
     self.loop_type = not_frozen.type_signature.result
+
+  def _define_floor_statistics(self, value_type, relative_nu):
+    """The client and server computations of the relative ν (`smoothing`)."""
+    float64 = type_checks.has_float64(value_type)
+
+    @tff.tensorflow.computation(value_type, tf.float32)
+    def statistics_from_norm(value, weight):
+      return robust_scale.client_statistics(numerics.global_l2_norm(value), weight,
+                                            float64)
+
+    @tff.tensorflow.computation(value_type, value_type, tf.float32)
+    def statistics_from_distance(center, value, weight):
+      return robust_scale.client_statistics(
+          numerics.global_l2_distance(value, center), weight, float64)
+
+    @tff.tensorflow.computation(statistics_from_distance.type_signature.result)
+    def floor_from_statistics(statistics):
+      return robust_scale.relative_floor(statistics, relative_nu)
+
+    self._scale_statistics_from_norm = statistics_from_norm
+    self._scale_statistics = statistics_from_distance
+    self._floor_from_statistics = floor_from_statistics
 
   def loop_start(self):
     """`<frozen, frozen_at, passes>` at SERVER before pass 2."""

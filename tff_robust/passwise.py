@@ -271,10 +271,13 @@ class _GeometricMedianPasses(_Passes):
 
   @property
   def computations_per_call(self) -> int:
-    floors = self._num_passes if self._steps.relative else 0
-    if self._factory.initial_point == 'mean' and floors:
-      floors -= 1  # The mean start's pass 1 has no floor...
-      floors += int(self._report_objective and self._num_passes == 1)  # ...unless.
+    floors = 0
+    if self._steps.relative:
+      # One before every Weiszfeld step; the mean start's pass 1 is none, but its
+      # objective needs one when it is the only pass.
+      mean_start = self._factory.initial_point == 'mean'
+      floors = self._num_passes - mean_start + (
+          mean_start and self._num_passes == 1 and self._report_objective)
     return self._num_passes + int(self._report_objective) + floors
 
   def _floor(self, center, value, weight):

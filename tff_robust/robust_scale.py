@@ -61,7 +61,8 @@ def buckets(float64: bool = False) -> tuple[int, int]:
 
 def client_statistics(distance, weight, float64: bool = False):
   """The client's `[2, num_buckets]` float64 contribution: α one-hot in the row 0,
-  α·log2(d) one-hot in the row 1; zeros for d = 0 or non-finite d."""
+  α·log2(d) one-hot in the row 1; zeros for d = 0 or non-finite d. For `[n]`
+  distances and weights (clients gathered at a server): `[2, n, num_buckets]`."""
   lowest, num_buckets = buckets(float64)
   distance = tf.cast(distance, tf.float64)
   weight = tf.cast(weight, tf.float64)
@@ -70,8 +71,8 @@ def client_statistics(distance, weight, float64: bool = False):
   bucket = tf.clip_by_value(
       tf.cast(tf.floor(log_distance), tf.int32) - lowest, 0, num_buckets - 1)
   one_hot = tf.one_hot(bucket, num_buckets, dtype=tf.float64)
-  one_hot = one_hot * tf.where(counted, weight, 0.0)
-  return tf.stack([one_hot, one_hot * log_distance])
+  one_hot = one_hot * tf.expand_dims(tf.where(counted, weight, 0.0), -1)
+  return tf.stack([one_hot, one_hot * tf.expand_dims(log_distance, -1)])
 
 
 def scale_from_statistics(statistics):

@@ -46,7 +46,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from absl import flags
 
@@ -162,11 +162,11 @@ def main(argv):
     pages.append((page_spec, suffix, trained))
   # Runs that other slices finished in the same output directory.
   entries = ledger.merge(ledger_path, sweep.finished_entries(task, spec, output_dir))
-  keep_committed = _keeps_committed_pages()
+  left_alone = _targets_left_alone()
   for page_spec, suffix, page_trained in pages:
     summary = _write_page(task, page_spec, suffix, entries, page_trained,
                           time.time() - start, output_dir, ledger_path,
-                          keep_committed=keep_committed)
+                          left_alone=left_alone)
   sweep.write_summary(summary, output_dir)  # The last page's runs are all of `spec`.
 
 
@@ -186,23 +186,24 @@ def _committed_targets() -> list[str]:
           os.path.abspath(FLAGS[name].default)]
 
 
-def _keeps_committed_pages() -> bool:
-  """A slice narrowed by the grid flags must not replace the committed full pages and
-  README table by its own rows: it adds its runs to the ledger and writes its pages
-  into --output_dir only (say so once)."""
+def _targets_left_alone() -> list[str]:
+  """The committed targets ('results_dir', 'readme') this run must not write: all of
+  them for a slice narrowed by the grid flags, which must not replace the committed
+  full pages and README table by its own rows (its runs go to the ledger, its pages
+  to --output_dir only; said once)."""
   narrowed, committed = _narrowed_flags(), _committed_targets()
-  if narrowed and committed:
-    print(f'A slice ({", ".join("--" + n for n in narrowed)}) does not rewrite the '
-          f'committed pages ({", ".join("--" + n for n in committed)}): its pages are '
-          'in --output_dir, its runs in the ledger; the full grid (no grid flag) '
-          'writes the committed pages.', file=sys.stderr)
-    return True
-  return False
+  if not (narrowed and committed):
+    return []
+  print(f'A slice ({", ".join("--" + n for n in narrowed)}) does not rewrite the '
+        f'committed pages ({", ".join("--" + n for n in committed)}): its pages are '
+        'in --output_dir, its runs in the ledger; the full grid (no grid flag) '
+        'writes the committed pages.', file=sys.stderr)
+  return committed
 
 
 def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
                 seconds: float, output_dir: str, ledger_path: str,
-                keep_committed: bool = False) -> list[dict[str, Any]]:
+                left_alone: Sequence[str] = ()) -> list[dict[str, Any]]:
   """leaderboard<suffix>.md and heatmap<suffix>.png of `spec`'s runs in `output_dir`,
   copied to --results_dir; the README gets the page without momentum. Returns the
   summary of those runs."""
@@ -217,9 +218,8 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
                            f'{FLAGS.task} {FLAGS.model}: final accuracy (%)')
   with open(os.path.join(output_dir, f'leaderboard{suffix}.md'), 'w') as f:
     f.write(page)
-  results_dir = '' if keep_committed and 'results_dir' in _committed_targets() else (
-      FLAGS.results_dir)
-  readme = '' if keep_committed and 'readme' in _committed_targets() else FLAGS.readme
+  results_dir = '' if 'results_dir' in left_alone else FLAGS.results_dir
+  readme = '' if 'readme' in left_alone else FLAGS.readme
   if results_dir:
     os.makedirs(results_dir, exist_ok=True)
     stem = os.path.join(results_dir,

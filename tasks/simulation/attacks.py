@@ -241,15 +241,6 @@ class FarUpdate(UpdateAttack):
     return (self.norm * unit_directions(updates[corrupted])).astype(updates.dtype)
 
 
-def unit_directions(rows: np.ndarray) -> np.ndarray:
-  """Every row divided by its norm (float64); a zero row, which has no direction, is
-  the all-ones direction."""
-  rows = rows.astype(np.float64)
-  norms = np.linalg.norm(rows, axis=1, keepdims=True)
-  fallback = np.full_like(rows, 1.0 / np.sqrt(max(rows.shape[1], 1)))
-  return np.where(norms > 0, rows / np.where(norms > 0, norms, 1.0), fallback)
-
-
 @register('random_gaussian')
 class RandomGaussian(UpdateAttack):
   """Ditto's (A2) random Gaussian updates: the update is replaced by N(0, σ²I)."""
@@ -564,6 +555,15 @@ def line_maximize(objective: Callable[[float], float], evaluations: int, start: 
       best_x, best_y = proposal, value
     delta *= ratio
   return best_x
+
+
+def unit_directions(rows: np.ndarray) -> np.ndarray:
+  """Every row divided by its norm (float64); a zero row, which has no direction, is
+  the all-ones direction."""
+  rows = rows.astype(np.float64)
+  norms = np.linalg.norm(rows, axis=1, keepdims=True)
+  fallback = np.full_like(rows, 1.0 / np.sqrt(max(rows.shape[1], 1)))
+  return np.where(norms > 0, rows / np.where(norms > 0, norms, 1.0), fallback)
 
 
 def _weighted_mean(rows, weights):

@@ -309,34 +309,38 @@ class AggregatorRevisionTest(parameterized.TestCase):
 
 class StaleRunTest(parameterized.TestCase):
 
+  def setUp(self):
+    super().setUp()
+    self.spec = sweep.SweepSpec(aggregators=['gm'], attacks=['omniscient'],
+                                rhos=[0.1], seeds=[0], rounds=3)
+    self.run = self.spec.runs()[0]
+    root = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, root)
+    self.directory = os.path.join(root, self.run.name)
+
+  def _finished_under(self, fingerprint, diverged=False):
+    os.makedirs(self.directory)
+    with open(os.path.join(self.directory, sweep.FINGERPRINT_FILE), 'w') as f:
+      f.write(fingerprint)
+    if diverged:
+      open(os.path.join(self.directory, sweep.DIVERGED_MARKER), 'w').close()
+
+  def _why_skipped(self, fingerprint, owner=False):
+    return sweep._why_skipped(self.directory, self.spec, self.run, fingerprint, {},  # pylint: disable=protected-access
+                              owner=owner)
+
   @parameterized.parameters(True, False)
   def test_a_run_finished_under_another_configuration_is_set_aside(self, diverged):
     # E.g. under an older revision of its aggregator: neither its result nor its
     # divergence is this configuration's.
-    spec = sweep.SweepSpec(aggregators=['gm'], attacks=['omniscient'], rhos=[0.1],
-                           seeds=[0], rounds=3)
-    run = spec.runs()[0]
-    with tempfile.TemporaryDirectory() as root:
-      directory = os.path.join(root, run.name)
-      os.makedirs(directory)
-      with open(os.path.join(directory, sweep.FINGERPRINT_FILE), 'w') as f:
-        f.write('old')
-      if diverged:
-        open(os.path.join(directory, sweep.DIVERGED_MARKER), 'w').close()
-      self.assertIsNone(sweep._why_skipped(directory, spec, run, 'new', {}))  # pylint: disable=protected-access
-      self.assertTrue(os.path.isdir(directory))  # Only its owner moves it.
-      self.assertIsNone(sweep._why_skipped(directory, spec, run, 'new', {}, owner=True))  # pylint: disable=protected-access
-      self.assertEqual(os.listdir(directory), [])
-      self.assertCountEqual(os.listdir(directory + '.stale-old'),
-                            [sweep.FINGERPRINT_FILE] + [sweep.DIVERGED_MARKER] * diverged)
+    self._finished_under('old', diverged)
+    self.assertIsNone(self._why_skipped('new'))
+    self.assertTrue(os.path.isdir(self.directory))  # Only its owner moves it.
+    self.assertIsNone(self._why_skipped('new', owner=True))
+    self.assertEqual(os.listdir(self.directory), [])
+    self.assertCountEqual(os.listdir(self.directory + '.stale-old'),
+                          [sweep.FINGERPRINT_FILE] + [sweep.DIVERGED_MARKER] * diverged)
 
   def test_the_same_configuration_stays_finished(self):
-    spec = sweep.SweepSpec(aggregators=['gm'], attacks=['omniscient'], rhos=[0.1],
-                           seeds=[0], rounds=3)
-    run = spec.runs()[0]
-    with tempfile.TemporaryDirectory() as root:
-      directory = os.path.join(root, run.name)
-      os.makedirs(directory)
-      with open(os.path.join(directory, sweep.FINGERPRINT_FILE), 'w') as f:
-        f.write('same')
-      self.assertEqual(sweep._why_skipped(directory, spec, run, 'same', {}), 'finished')  # pylint: disable=protected-access
+    self._finished_under('same')
+    self.assertEqual(self._why_skipped('same'), 'finished')
