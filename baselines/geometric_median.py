@@ -116,9 +116,10 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
   With no client of weight > 0 the result is zero.
   """
 
-  # 2: ν relative to the robust scale by default (was the absolute 1e-6). Runs in
-  # ledgers keyed by an older revision are retrained (`tasks.simulation.sweep`).
-  RESULTS_REVISION = 2
+  # 2: ν relative to the robust scale by default (was the absolute 1e-6); 3: the
+  # scale around the lower tercile (was the median). Runs in ledgers keyed by an
+  # older revision are retrained (`tasks.simulation.sweep`).
+  RESULTS_REVISION = 3
 
   def __init__(self,
                num_communication_passes: int = 3,

@@ -260,10 +260,12 @@ class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
           f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
     self._initial_point = initial_point
     self._inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
-    if geometric_median_factory is None:
+    # Built only for the median start, so that a mean-start γ-mean's results do not
+    # carry (nor get retrained for) the median's `RESULTS_REVISION`.
+    if geometric_median_factory is None and initial_point == 'geometric_median':
       geometric_median_factory = geometric_median.GeometricMedianFactory(
           inner_mean_factory=self._inner)
-    elif not isinstance(geometric_median_factory,
+    elif geometric_median_factory is not None and not isinstance(geometric_median_factory,
                         tff.aggregators.WeightedAggregationFactory):
       raise TypeError('geometric_median_factory must be a weighted aggregation '
                       f'factory, got {type(geometric_median_factory).__name__}.')

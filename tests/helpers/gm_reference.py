@@ -22,7 +22,8 @@ def exact_geometric_median(points, alphas):
 def robust_typical_distance(distances, alphas, float64=False):
   """The scale of `tff_robust.robust_scale`, written from its definition: the
   α-weighted geometric mean of the positive finite distances whose ⌊log2⌋ is within
-  4 of the ⌊log2⌋ of the α-weighted median (buckets clamped to [−160, 159], or
+  4 of the ⌊log2⌋ of the α-weighted lower tercile (the smallest distance with at
+  least a third of the weight at or below it; buckets clamped to [−160, 159], or
   [−1080, 1049] for float64 models)."""
   counted = (distances > 0) & np.isfinite(distances)
   low, high = (-1080, 1049) if float64 else (-160, 159)
@@ -30,8 +31,8 @@ def robust_typical_distance(distances, alphas, float64=False):
   weights = alphas[counted]
   order = np.argsort(exponents, kind='stable')
   cumulative = np.cumsum(weights[order])
-  median_exponent = exponents[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])]
-  near = np.abs(exponents - median_exponent) <= 4
+  tercile_exponent = exponents[order][np.searchsorted(cumulative, cumulative[-1] / 3)]
+  near = np.abs(exponents - tercile_exponent) <= 4
   return 2.0 ** (np.sum(weights[near] * np.log2(distances[counted][near]))
                  / np.sum(weights[near]))
 

@@ -104,6 +104,27 @@ class NoSingleClientPinsTheEstimateTest(parameterized.TestCase):
     self.assertLess(relative_distance(result, median), 1e-3)
 
 
+class FarMajorityTest(parameterized.TestCase):
+  """Beyond the breakdown point the estimate moves by a bounded step, not to the far
+  group: a round of clients sampled at ρ = 0.25 sometimes has a corrupted majority
+  (`tff_robust.robust_scale`, why the lower tercile)."""
+
+  @parameterized.product(factory=['gm', 'one_step'], far=[6, 11])
+  def test_a_far_majority_moves_it_by_about_the_honest_scale(self, factory, far):
+    # 20 clients: the honest ones agree, `far` send 1e3 × minus the first honest one.
+    honest = honest_updates(100, 'agreeing')[:20 - far]
+    points = np.vstack([honest, np.tile(-1e3 * honest[:1], (far, 1))])
+    make = (tff_robust.GeometricMedianFactory if factory == 'gm'
+            else tff_robust.one_step_geometric_median_factory)
+    result, _ = run(make(), points)
+    honest_mean = honest.mean(axis=0)
+    # A median-scaled ν (half of the weight far away) moved it by ~400× that.
+    self.assertLess(relative_distance(result, honest_mean), 5.0)
+    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)),
+                                             3 if factory == 'gm' else 1)
+    self.assertLess(relative_distance(result, expected), 1e-5)
+
+
 class ScaleEquivarianceTest(parameterized.TestCase):
 
   @parameterized.product(scale=[1e-6, 3.7e-3, 1e3, 1e6],

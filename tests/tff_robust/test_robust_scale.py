@@ -25,10 +25,21 @@ class RobustScaleTest(parameterized.TestCase):
     self.assertAlmostEqual(scale_of([2.0, 6.0], [3.0, 1.0]),
                            np.exp((3 * np.log(2.0) + np.log(6.0)) / 4), places=10)
 
-  def test_the_median_is_the_lower_weighted_median(self):
-    # Exactly half of the weight at 1 (bucket 0), half at 1e9 (bucket 29): the lower
-    # one is the median, and the far half is outside its window.
-    self.assertAlmostEqual(scale_of([1.0, 1e9], [1.0, 1.0]), 1.0, places=10)
+  def test_the_window_is_around_the_weighted_lower_tercile(self):
+    # Exactly a third of the weight at 1 (bucket 0), the rest at 1e9 (bucket 29): the
+    # tercile is the near third, and the far two thirds are outside its window.
+    self.assertAlmostEqual(scale_of([1.0, 1e9], [1.0, 2.0]), 1.0, places=10)
+    # A little more than two thirds far away is needed to move it there.
+    self.assertAlmostEqual(scale_of([1.0, 1e9], [1.0, 2.01]), 1e9, delta=1.0)
+
+  @parameterized.parameters((1e-3, 0.33), (1e6, 0.66))
+  def test_a_group_on_one_side_does_not_move_it(self, factor, fraction):
+    # Weight `fraction` at `factor` × the honest distances 2 and 3.
+    honest = [2.0, 3.0] * 50
+    group = int(round(fraction / (1.0 - fraction) * len(honest)))
+    distances = honest + [factor * 2.5] * group
+    self.assertAlmostEqual(scale_of(distances, [1.0] * len(distances)),
+                           np.sqrt(6.0), places=8)
 
   @parameterized.parameters(([0.0, 0.0], 0.0), ([0.0, np.inf, np.nan, 4.0], 4.0))
   def test_zero_and_nonfinite_distances_are_not_counted(self, distances, expected):

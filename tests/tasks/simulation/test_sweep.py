@@ -291,11 +291,11 @@ class LedgerSweepTest(parameterized.TestCase):
 class AggregatorRevisionTest(parameterized.TestCase):
 
   @parameterized.parameters(
-      ('gm', {'GeometricMedianFactory': 2}),
-      ('one_step_gm', {'GeometricMedianFactory': 2}),
-      ('bucketing+gm', {'GatheredGeometricMedianFactory': 2}),
-      ('arc+gm', {'GeometricMedianFactory': 2}),
-      ('gamma_mean', {'GammaMeanFactory': 2, 'GeometricMedianFactory': 2}),
+      ('gm', {'GeometricMedianFactory': 3}),
+      ('one_step_gm', {'GeometricMedianFactory': 3}),
+      ('bucketing+gm', {'GatheredGeometricMedianFactory': 3}),
+      ('arc+gm', {'GeometricMedianFactory': 3}),
+      ('gamma_mean', {'GammaMeanFactory': 2}),
       ('median', {}),
       ('mean', {}),
   )
