@@ -69,6 +69,13 @@ def test_task_builders_and_aggregators_never_import_the_harness():
   assert not wrong
 
 
+def test_the_numpy_references_import_numpy_only():
+  # The independent check of the factories, and what the attacks expect: never
+  # TensorFlow, nor any code of the factories.
+  imported = _imports(ROOT / 'tasks' / 'references.py')
+  assert {name.split('.')[0] for name in imported} <= {'numpy', 'typing'}, imported
+
+
 def test_no_binary_imports_another_binary():
   binaries = {_module(p) for p in _ours('tasks/binaries')
               if "if __name__ == '__main__':" in p.read_text(encoding='utf-8')}

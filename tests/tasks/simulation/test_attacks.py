@@ -1,12 +1,19 @@
 """Corruption models: corrupted-set selection, the tasks' data attacks, update attacks
 against plain-numpy formulas."""
 
+import ast
 import collections
+import importlib
+import inspect
+import pathlib
+import pkgutil
+import sys
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+from tasks import references
 from tasks.builders import emnist
 from tasks.builders import sent140
 from tasks.builders import shakespeare
@@ -440,7 +447,7 @@ class AdaptiveUpdateAttacksTest(parameterized.TestCase):
     def damage(x):
       rows = updates.copy()
       rows[corrupted] = candidate(x)
-      return np.linalg.norm(np.median(rows, axis=0) - mean)
+      return np.linalg.norm(references.coordinate_median(rows, weights) - mean)
 
     expected = candidate(np_line_maximize(damage, 16, 0.0, 1.0, 0.8))
     np.testing.assert_allclose(self._rows(attack, case), expected, rtol=1e-12)
@@ -519,6 +526,145 @@ class AdaptiveUpdateAttacksTest(parameterized.TestCase):
   def test_parameters_of_the_wrong_type_are_named(self, attack, params, message):
     with self.assertRaisesRegex(TypeError, f'The attack parameter {message}'):
       attacks.build_update_attack(attack, **params)
+
+
+# What every update attack sent from these inputs before `attacks.py` became a package
+# (recorded from that module): the split must not change a single row.
+_UPDATES = np.array([[1.029, 1.642, 1.147, -0.973], [-1.393, 0.067, 0.861, 0.509],
+                     [1.81, 0.751, 0.64, -0.731], [-1.108, 1.484, 0.049, 0.812],
+                     [-1.376, -0.436, -1.291, -0.776], [0.903, -1.481, -0.534, 0.164]])
+_WEIGHTS = np.array([2.0, 1.0, 3.0, 1.0, 2.0, 4.0])
+_CORRUPTED = np.array([False, True, False, True, False, False])
+_RECORDED_ROWS = {
+    'gaussian': [[-1.3919444925762592, 0.3233323757412709, 0.6257817325350948,
+                  -0.255153746858785],
+                 [-1.5458271176937348, 0.5290898383958335, 0.10691553148286956,
+                  2.1025658273793053]],
+    'omniscient': [[-7.097499999999998, 0.4835000000000004, 0.048999999999999544,
+                    4.3745]] * 2,
+    'sign_flip': [[1.393, -0.067, -0.861, -0.509], [1.108, -1.484, -0.049, -0.812]],
+    'alie': [[-0.5963801496784092, -1.0628394561022239, -0.9682341915254717,
+              -1.0175196688861288]] * 2,
+    'ipm': [[-0.05915000000000001, -0.011899999999999994, 0.0009500000000000009,
+             0.0579]] * 2,
+    'zero_update': [[0.0, 0.0, 0.0, 0.0]] * 2,
+    'tiny_update': [[-0.001734340706731943, 8.34176793618379e-05, 0.0010719794317991405,
+                     0.0006337253551518729],
+                    [-0.0011704173328194608, 0.0015675986659784112,
+                     5.176033331060792e-05, 0.0008577426662900742]],
+    'far_update': [[-8.116772969347861e+29, 3.9039755128952386e+28,
+                    5.016899875526567e+29, 2.965856023975636e+29],
+                   [-5.477592570485359e+29, 7.336414598014686e+29,
+                    2.4224010465142836e+28, 4.0142645913665274e+29]],
+    'random_gaussian': [[0.0012301533574825742, 0.2987455375084699, -0.2741378553622176,
+                         -0.8905918387572742],
+                        [-0.45467078517172255, -0.9916465549964624,
+                         0.060143602597438485, 1.3402152455545335]],
+    'min_max': [[-0.7289508804942645, -1.1947360287024995, -1.0752315956517122,
+                 -1.0664596844231335]] * 2,
+    'min_sum': [[-0.8610186255594853, -1.3261321733714575, -1.1818230416203779,
+                 -1.115214016964356]] * 2,
+    'mimic': [[-1.376, -0.436, -1.291, -0.776]] * 2,
+    'optimal_alie': [[-2.972140449035228, -3.426518368306672, -2.885702574576415,
+                      -1.8945590066583862]] * 2,
+    'optimal_ipm': [[-75.1205, -15.112999999999992, 1.206500000000001, 73.533]] * 2,
+    'model_replacement': [[-4.9329090909090905, 0.7439545454545456, 0.2978181818181818,
+                           2.975227272727273]] * 2,
+    'nan': [[np.nan] * 4] * 2,
+    'inf': [[np.inf] * 4] * 2,
+}
+
+
+class RecordedRowsTest(parameterized.TestCase):
+
+  @parameterized.parameters(*_RECORDED_ROWS)
+  def test_rows_are_the_recorded_ones(self, name):
+    rows = attacks.build_update_attack(name).malicious_rows(
+        _UPDATES, _WEIGHTS, _CORRUPTED, np.random.default_rng(7))
+    np.testing.assert_allclose(np.broadcast_to(rows, (2, 4)), _RECORDED_ROWS[name],
+                               rtol=1e-12, atol=0.0)
+
+  def test_every_attack_is_recorded_in_registration_order(self):
+    # The order is the leaderboard's attack columns (and the binaries' help).
+    self.assertEqual(list(attacks.UPDATE_ATTACKS), list(_RECORDED_ROWS))
+
+
+_PACKAGE = pathlib.Path(attacks.__file__).parent
+_SHARED_MODULES = ('base', 'search')
+
+
+class PackageTest(parameterized.TestCase):
+  """One module per attack (or family), every one registered by importing the
+  package, and every name of the former single module still importable."""
+
+  def test_init_imports_every_attack_module_explicitly(self):
+    # The explicit imports fix the registration order; a module left to the
+    # catch-all import would register after them, unordered.
+    tree = ast.parse((_PACKAGE / '__init__.py').read_text(encoding='utf-8'))
+    imported = [alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                and node.module == 'tasks.simulation.attacks' for alias in node.names]
+    modules = {m.name for m in pkgutil.iter_modules([str(_PACKAGE)])}
+    self.assertCountEqual(imported, modules)
+
+  @parameterized.parameters(*[m.name for m in pkgutil.iter_modules([str(_PACKAGE)])])
+  def test_importing_any_module_first_registers_every_attack_in_order(self, first):
+    # As in a fresh interpreter: the package's modules are imported anew (the ones
+    # the other tests use are put back afterwards).
+    prefix = 'tasks.simulation.attacks'
+    saved = {k: v for k, v in sys.modules.items()
+             if k == prefix or k.startswith(prefix + '.')}
+    parent = sys.modules['tasks.simulation']
+    try:
+      for key in saved:
+        del sys.modules[key]
+      importlib.import_module(f'{prefix}.{first}')
+      self.assertEqual(list(sys.modules[prefix].UPDATE_ATTACKS),
+                       list(attacks.UPDATE_ATTACKS))
+    finally:
+      for key in [k for k in sys.modules if k == prefix or k.startswith(prefix + '.')]:
+        del sys.modules[key]
+      sys.modules.update(saved)
+      parent.attacks = attacks
+
+  def test_every_attack_class_is_registered(self):
+    found, pending = set(), [attacks.UpdateAttack]
+    while pending:
+      cls = pending.pop()
+      pending.extend(cls.__subclasses__())
+      if cls.__module__.startswith('tasks.simulation.attacks') and not (
+          inspect.isabstract(cls)):
+        found.add(cls)
+    self.assertEqual(found, set(attacks.UPDATE_ATTACKS.values()))
+    self.assertLen(found, 17)
+
+  def test_each_attack_module_defines_attacks_and_imports_no_other_attack(self):
+    for info in pkgutil.iter_modules([str(_PACKAGE)]):
+      if info.name in _SHARED_MODULES:
+        continue
+      module = getattr(attacks, info.name)
+      self.assertTrue(any(cls.__module__ == module.__name__
+                          for cls in attacks.UPDATE_ATTACKS.values()), info.name)
+      tree = ast.parse(pathlib.Path(module.__file__).read_text(encoding='utf-8'))
+      own = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == 'tasks.simulation.attacks' for alias in node.names}
+      self.assertContainsSubset(own, _SHARED_MODULES, info.name)
+
+  @parameterized.parameters(
+      'NO_ATTACK', 'UPDATE_ATTACKS', 'register', 'UpdateAttack', 'build_update_attack',
+      'known_attacks', 'select_corrupted_clients', 'flatten_updates',
+      'unflatten_update', 'honest_rows', 'unit_directions', 'PERTURBATIONS',
+      'MAX_SEARCH_ITERATIONS', 'perturbation_vector', 'search_gamma', 'line_maximize',
+      'NUMPY_AGGREGATORS', 'mimicked_client', 'GaussianNoise', 'Omniscient',
+      'SignFlip', 'ALittleIsEnough', 'InnerProductManipulation', 'ZeroUpdate',
+      'TinyUpdate', 'FarUpdate', 'RandomGaussian', 'MinMax', 'MinSum', 'Mimic',
+      'OptimalALittleIsEnough', 'OptimalInnerProductManipulation',
+      'ModelReplacement', 'NaNFault', 'InfFault')
+  def test_names_of_the_former_module(self, name):
+    self.assertTrue(hasattr(attacks, name))
+
+  def test_the_attacks_expect_the_numpy_references_by_name(self):
+    self.assertEqual(attacks.NUMPY_AGGREGATORS, {
+        'mean': references.weighted_mean, 'median': references.coordinate_median})
 
 
 class LabelFlipTest(tf.test.TestCase):
