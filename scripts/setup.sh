@@ -4,7 +4,7 @@
 #
 # TensorFlow Federated 0.87.0 pins jax/jaxlib 0.4.14, which the package registry no longer
 # serves. requirements.txt lists TFF's own dependencies with jax/jaxlib 0.4.13 instead;
-# TFF itself is then installed with --no-deps (see ../shared/DESIGN.md).
+# TFF itself is then installed with --no-deps (see docs/design.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

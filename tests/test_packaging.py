@@ -1,5 +1,5 @@
 """The project's shape: BUILD in step with the tree, a wheel that holds tff_robust
-only, and the import graph of the layers (DESIGN.md)."""
+only, and the import graph of the layers (docs/design.md)."""
 
 import ast
 import os

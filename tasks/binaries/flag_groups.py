@@ -464,11 +464,11 @@ def _directory_problem(path: str) -> Optional[str]:
   return None
 
 
-def repository_readme() -> str:
-  """The repository's README.md, the default page a binary updates; '' when the
-  binary runs from an installed package, which has none."""
+def repository_readme(page: str = 'README.md') -> str:
+  """A page of the repository (default its README.md) that a binary updates; '' when
+  the binary runs from an installed package, which has none."""
   path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__)))), 'README.md')
+      os.path.abspath(__file__)))), page)
   return path if os.path.isfile(path) else ''
 
 

@@ -18,8 +18,8 @@ MNIST. Written to the output directory, next to the sweep's own tables and plots
 and, with --results_dir, there:
 
   leaderboard_<task>_<model>.md, .png
-                    leaderboard.md and heatmap.png: the README's leaderboard section
-                    shows this table for --readme_model
+                    leaderboard.md and heatmap.png: the leaderboard section of
+                    docs/results.md shows this table for --readme_model
   leaderboard_<task>_<model>_momentum.md, .png
                     leaderboard_momentum.md and heatmap_momentum.png
   leaderboard_<task>_<model>_runs.csv
@@ -28,7 +28,7 @@ and, with --results_dir, there:
 
 A slice narrowed by --aggregators, --attacks, --rhos, --seeds or --worker_momenta adds
 its runs to the ledger and writes its pages into --output_dir only: the committed
-pages and the README table (the default --results_dir and --readme) are written by the
+pages and the docs/results.md table (the default --results_dir and --readme) are written by the
 full grid alone, so a slice cannot replace them by its own rows.
 
 Finished runs are skipped, so an interrupted leaderboard resumes (a run checkpoints
@@ -72,10 +72,10 @@ flag_groups.define_sweep_flags(
 flags.DEFINE_string('results_dir', os.path.join(_REPO, 'results'), 'Where to also '
                     'write leaderboard_<task>_<model>[_momentum].md and .png; empty to '
                     'skip.')
-flags.DEFINE_string('readme', flag_groups.repository_readme(), 'README whose '
-                    'leaderboard section gets the table of --readme_model; empty to '
-                    'skip.')
-flags.DEFINE_string('readme_model', 'linear', 'The model whose table the README shows.')
+flags.DEFINE_string('readme', flag_groups.repository_readme('docs/results.md'),
+                    'Page whose leaderboard section gets the table of --readme_model '
+                    '(default the repository\'s docs/results.md); empty to skip.')
+flags.DEFINE_string('readme_model', 'linear', 'The model whose table that page shows.')
 flags.DEFINE_bool('keep_checkpoints', False, 'Keep a finished run\'s checkpoints '
                   '(needed only to extend its rounds; a worker-momentum run of the small '
                   'CNN keeps ~200 MB, every sampled client\'s momentum). By default they '
@@ -189,7 +189,7 @@ def _committed_targets() -> list[str]:
 def _targets_left_alone() -> list[str]:
   """The committed targets ('results_dir', 'readme') this run must not write: all of
   them for a slice narrowed by the grid flags, which must not replace the committed
-  full pages and README table by its own rows (its runs go to the ledger, its pages
+  full pages and the --readme table by its own rows (its runs go to the ledger, its pages
   to --output_dir only; said once)."""
   narrowed, committed = _narrowed_flags(), _committed_targets()
   if not (narrowed and committed):
@@ -205,7 +205,7 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
                 seconds: float, output_dir: str, ledger_path: str,
                 left_alone: Sequence[str] = ()) -> list[dict[str, Any]]:
   """leaderboard<suffix>.md and heatmap<suffix>.png of `spec`'s runs in `output_dir`,
-  copied to --results_dir; the README gets the page without momentum. Returns the
+  copied to --results_dir; the --readme page gets the table without momentum. Returns the
   summary of those runs."""
   recorded = sweep.recorded_results(task, spec, entries)
   summary = sweep.summarize(spec, output_dir, recorded)

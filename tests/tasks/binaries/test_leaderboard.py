@@ -103,9 +103,9 @@ def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):
 
 
 def test_a_narrowed_slice_leaves_the_committed_pages_alone(tmp_path):
-  # In a copy of the sources, whose results/ and README.md are the defaults: a slice
-  # (--aggregators=mean) adds its runs to the ledger but must not replace the full
-  # page and the README table by its one row.
+  # In a copy of the sources, whose results/ and docs/results.md are the defaults: a
+  # slice (--aggregators=mean) adds its runs to the ledger but must not replace the
+  # full page and the docs' table by its one row.
   repo = tmp_path / 'repo'
   for package in ('tff_robust', 'baselines', 'tasks'):
     shutil.copytree(os.path.join(_REPO, package), repo / package,
@@ -113,7 +113,8 @@ def test_a_narrowed_slice_leaves_the_committed_pages_alone(tmp_path):
   (repo / 'results').mkdir()
   page = repo / 'results' / 'leaderboard_emnist_linear.md'
   page.write_text('the full grid\n')
-  readme = repo / 'README.md'
+  (repo / 'docs').mkdir()
+  readme = repo / 'docs' / 'results.md'
   readme.write_text(f'{leaderboard.README_BEGIN}\nthe full grid\n'
                     f'{leaderboard.README_END}\n', encoding='utf-8')
   result = subprocess.run(
