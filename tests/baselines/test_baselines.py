@@ -10,6 +10,7 @@ from baselines import centered_clipping
 from baselines import coordinatewise
 from baselines import krum
 from baselines import wrappers
+from tasks import references
 from tests.helpers import aggregator_cases as cases
 from tff_robust.nonfinite import NonfiniteFilteringFactory
 
@@ -17,28 +18,20 @@ TOLERANCE = 1e-5
 
 
 # ---- numpy references, written from the papers' definitions -------------------------
+# The median, trimmed mean and Krum are the plain-numpy references the attacks share
+# (`tasks.references`, numpy only); named here as the tests of the wrappers use them.
+
 
 def np_median(x, w):
-  del w
-  return np.median(x, axis=0)
+  return references.coordinate_median(x, w)
 
 
 def np_trimmed_mean(x, w, beta):
-  del w
-  n = x.shape[0]
-  k = int(np.floor(beta * n))
-  return np.sort(x, axis=0)[k:n - k].mean(axis=0)
+  return references.trimmed_mean(x, w, beta)
 
 
 def np_krum(x, w, f, m):
-  n = x.shape[0]
-  scores = []
-  for i in range(n):
-    distances = sorted(np.sum((x[i] - x[j]) ** 2) for j in range(n) if j != i)
-    scores.append(sum(distances[:n - f - 2]))
-  m = n - f if m is None else m
-  chosen = np.argsort(np.array(scores), kind='stable')[:m]
-  return np.average(x[chosen], axis=0, weights=w[chosen])
+  return references.krum(x, w, f, m)
 
 
 def np_clip(z, tau):

@@ -23,6 +23,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from benchmarks import gm_start_point
+from tasks import references as numpy_references
 from tasks import registry
 from tests.baselines import test_baselines as references
 from tests.helpers import aggregator_cases as cases
@@ -57,10 +58,6 @@ def extreme_inputs(case, seed=0):
 
 # ---- float64 references of every registry formula ---------------------------------
 
-def np_mean(x, a):
-  return a @ x / a.sum()
-
-
 def np_gm(x, a):
   return gm_reference.numpy_default_gm(x, a, GM_PASSES)
 
@@ -85,7 +82,7 @@ def np_centered_clipping(x, a):
 
 
 REFERENCES = dict(
-    mean=({}, np_mean),
+    mean=({}, numpy_references.weighted_mean),
     gm=(dict(num_communication_passes=GM_PASSES, tolerance=0.0), np_gm),
     gathered_gm=(dict(num_communication_passes=GM_PASSES, tolerance=0.0), np_gm),
     one_step_gm=({}, np_one_step_gm),

@@ -9,6 +9,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from baselines import fedavg
+from tasks import references
 from tasks import registry
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import least_squares as ls
@@ -151,15 +152,6 @@ class WrappedNamesTest(parameterized.TestCase):
       registry.aggregator_from_name('bucketing+medain')
 
 
-def numpy_krum(x, f):
-  """Blanchard et al.: the row whose n − f − 2 nearest other rows are closest."""
-  n = len(x)
-  distances = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-  np.fill_diagonal(distances, np.inf)
-  scores = np.sort(distances, axis=1)[:, :n - f - 2].sum(1)
-  return x[np.argmin(scores)]
-
-
 class KrumByNameTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -177,7 +169,8 @@ class KrumByNameTest(parameterized.TestCase):
                          lambda: registry.aggregator_from_name('krum', **kwargs))
     result, output = cases.run(proc, x, np.ones(10))
     self.assertEqual(output.measurements['num_byzantine'], expected_f)
-    np.testing.assert_allclose(result, numpy_krum(x, expected_f), rtol=1e-6)
+    np.testing.assert_allclose(result, references.krum(x, np.ones(10), expected_f),
+                               rtol=1e-6)
 
   def test_multi_krum_without_arguments(self):
     factory = registry.aggregator_from_name('multi_krum')

@@ -15,6 +15,7 @@ import tensorflow_federated as tff
 
 from baselines import arc
 from baselines import wrappers
+from tasks import references
 from tff_robust import iterative_mean
 from tff_robust.geometric_median import GeometricMedianFactory
 from tff_robust.gradient_masking import GradientMaskedAveragingFactory
@@ -75,8 +76,7 @@ INPUTS = collections.OrderedDict(ordinary=ordinary_inputs, wide_range=wide_range
 # Independent float64 references, each the formula of the aggregator's docstring.
 
 
-def np_weighted_mean(x, w):
-  return w @ x / np.sum(w)
+np_weighted_mean = references.weighted_mean
 
 
 def np_clip_rows(x, bound):
