@@ -16,39 +16,48 @@ Learning processes (drop-in for `tff.learning.algorithms.build_weighted_fed_avg`
   build_robust_federated_aggregation_process, build_one_step_robust_federated_aggregation_process,
   build_process_with_aggregator.
 Runtime: `runtime.worker_binaries_stopped()` stops TFF's worker_binary processes
-when a program is done (importing the package has no side effects);
+when a program is done (importing the package has no side effects and imports nothing:
+every name loads its module on first use);
 `distributed` spreads clients over several worker_binary processes and `passwise`
 drives RFA, the γ-mean and secure centered clipping there one secure average per
 computation.
 """
 
 import importlib
+import importlib.util
 
-from tff_robust import original_rfa
-from tff_robust import runtime
-from tff_robust.centered_clipping import SecureCenteredClippingFactory
-from tff_robust.gamma_mean import GammaMeanFactory
-from tff_robust.geometric_median import GeometricMedianFactory
-from tff_robust.geometric_median import one_step_geometric_median_factory
-from tff_robust.gradient_masking import GradientMaskedAveragingFactory
-from tff_robust.nonfinite import NonfiniteFilteringFactory
-from tff_robust.learning import build_one_step_robust_federated_aggregation_process
-from tff_robust.learning import build_process_with_aggregator
-from tff_robust.learning import build_robust_federated_aggregation_process
-from tff_robust.personalization import PersonalizationClient
-from tff_robust.privacy import DifferentiallyPrivateWeightedMeanFactory
-from tff_robust.unit_weights import unweighted
-
-# Loaded on first use rather than here: `python -m tff_robust.distributed` (a worker)
-# must not find its own module already imported by the package.
-_LAZY_MODULES = ('distributed', 'passwise')
+# Public name → the module that defines it. Nothing is imported here: every name (and
+# every submodule, e.g. `tff_robust.distributed`) is loaded on first use, so that
+# `import tff_robust` costs nothing and `python -m tff_robust.distributed --port=N` (a
+# worker) starts without TensorFlow and finds its own module not yet imported.
+_EXPORTS = {
+    'GeometricMedianFactory': 'geometric_median',
+    'one_step_geometric_median_factory': 'geometric_median',
+    'GammaMeanFactory': 'gamma_mean',
+    'GradientMaskedAveragingFactory': 'gradient_masking',
+    'SecureCenteredClippingFactory': 'centered_clipping',
+    'DifferentiallyPrivateWeightedMeanFactory': 'privacy',
+    'NonfiniteFilteringFactory': 'nonfinite',
+    'build_robust_federated_aggregation_process': 'learning',
+    'build_one_step_robust_federated_aggregation_process': 'learning',
+    'build_process_with_aggregator': 'learning',
+    'PersonalizationClient': 'personalization',
+    'unweighted': 'unit_weights',
+}
+_SUBMODULES = ('distributed', 'original_rfa', 'passwise', 'runtime')
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
 
 def __getattr__(name):
-  if name in _LAZY_MODULES:
+  if name in _EXPORTS:
+    value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
+    globals()[name] = value
+    return value
+  # Any submodule, as when the package imported them all.
+  if not name.startswith('_') and importlib.util.find_spec(f'{__name__}.{name}'):
     return importlib.import_module(f'{__name__}.{name}')
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def __dir__():
-  return sorted(set(globals()) | set(_LAZY_MODULES))
+  return sorted(set(globals()) | set(__all__))

@@ -33,16 +33,26 @@ centered clipping are sequences of dependent secure averages by nature: run them
 
 Workers: `LocalWorkers` starts and stops worker binaries on this machine (tests,
 demos, one big machine). On several machines, start one worker per machine
-(`python -m tff_robust.distributed --port=8000`, or the binary itself) and pass their
-`host:port`s.
+(`python -m tff_robust.distributed --port=8000`) and pass their `host:port`s. That
+command runs `tff_robust.worker_launcher` without importing TensorFlow (the binary
+listens within a second): it refuses a port already in use, prints one
+`listening on [::]:PORT ...` line once the port accepts connections, and exits non-zero
+if the worker cannot start.
 """
 
+import sys
+
+if __name__ == '__main__':
+  # A worker: the launcher is standard library only, and the package's __init__ imports
+  # nothing, so TensorFlow (13-50 s, ~600 MB) is never loaded for it.
+  from tff_robust import worker_launcher  # pylint: disable=g-import-not-at-top
+  sys.exit(worker_launcher.main(sys.argv))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Optional, Sequence
@@ -50,6 +60,7 @@ from typing import Optional, Sequence
 import grpc
 import portpicker
 import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import executor_pb2_grpc
 # The compiler and TF-frontend transforms TFF's own local C++ context is built with;
 # TFF 0.87 exports no public name for them.
 from tensorflow_federated.python.core.backends.native import compiler as native_compiler
@@ -57,6 +68,8 @@ from tensorflow_federated.python.core.environments.tensorflow_frontend import (
     tensorflow_computation)
 
 from tff_robust import arguments
+from tff_robust import worker_launcher
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 # gRPC's limit is a signed 32-bit length; TFF's own local context uses 2e9 too.
 DEFAULT_MAX_MESSAGE_BYTES = 2_000_000_000
@@ -64,8 +77,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 2_000_000_000
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 30.0
 # A worker that cannot be reached for this long is reported as failed (not retried).
 DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS = 10.0
-_WORKER_BINARY = os.path.join(os.path.dirname(tff.__file__), 'data', 'worker_binary')
-_PR_SET_PDEATHSIG = 1
 
 
 class WorkerError(RuntimeError):
@@ -76,13 +87,7 @@ class WorkerError(RuntimeError):
     self.address = address
 
 
-def worker_binary_path() -> str:
-  """The `worker_binary` inside the installed TFF package."""
-  if not os.path.isfile(_WORKER_BINARY):
-    raise FileNotFoundError(
-        f'No TFF worker_binary at {_WORKER_BINARY}: is tensorflow-federated 0.87 '
-        'installed from its wheel?')
-  return _WORKER_BINARY
+worker_binary_path = worker_launcher.worker_binary_path
 
 
 def parse_addresses(addresses) -> list[str]:
@@ -131,30 +136,62 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
 
   TFF's `AsyncExecutionContext` retries an UNAVAILABLE worker forever (backing off to
   every 30 s), so a dead worker would hang the program silently. Here an RPC that
-  fails waits up to `unavailable_timeout` for the worker to come back: if it does, the
-  error stays retryable (TFF reruns that worker's share of the call on fresh executor
-  state); if not, `WorkerError` names the worker and is not retried.
+  fails waits for the worker to come back until `unavailable_timeout` after the first
+  failure: if it does, the error stays retryable (TFF reruns that worker's share of
+  the call on fresh executor state); if not, `WorkerError` names the worker and is not
+  retried. The clock is the worker's, not the call's: the other calls of the failed
+  computation (TFF goes on running its sibling tasks) and the calls after it fail at
+  the same deadline, or at once after it, until the channel is ready again
+  (`DistributedContext.wait_until_connected`, or gRPC reconnecting on its own).
+
+  Freeing state on the worker (`dispose`, `dispose_executor`: TFF calls them when a
+  call fails and when the context closes) never waits for it: one attempt, at most
+  `unavailable_timeout` long, errors ignored, and none while the worker is failing. So
+  a program whose worker died stops about `unavailable_timeout` after the death, not
+  that long again for every pending call and cached executor (issue 39).
   """
 
   def __init__(self, address: str, channel, unavailable_timeout: float):
     self._address = address
     self._channel = channel
     self._stub = tff.framework.RemoteExecutorGrpcStub(channel)
+    # The raw gRPC stub, for the freeing calls with a deadline.
+    self._grpc_stub = executor_pb2_grpc.ExecutorGroupStub(channel)
     self._unavailable_timeout = unavailable_timeout
+    # time.monotonic() of the first failed call since the worker was last reached.
+    self._failing_since: Optional[float] = None
+    channel.subscribe(self._on_connectivity)
     # Serialized bytes of every request and response: what crosses the network.
     self.bytes_sent = 0
     self.bytes_received = 0
+
+  def _on_connectivity(self, state) -> None:
+    if state == grpc.ChannelConnectivity.READY:
+      self.reached()
+
+  def reached(self) -> None:
+    """The worker answers (again): a later failure starts a new clock."""
+    self._failing_since = None
+
+  @property
+  def failing(self) -> bool:
+    return self._failing_since is not None
 
   def _call(self, method: str, request):
     try:
       self.bytes_sent += request.ByteSize()
       response = getattr(self._stub, method)(request)
       self.bytes_received += response.ByteSize()
+      self.reached()
       return response
     except tff.framework.RetryableError as e:
+      if self._failing_since is None:
+        self._failing_since = time.monotonic()
+      remaining = self._failing_since + self._unavailable_timeout - time.monotonic()
       try:
-        grpc.channel_ready_future(self._channel).result(
-            timeout=self._unavailable_timeout)
+        if remaining <= 0:
+          raise grpc.FutureTimeoutError()
+        grpc.channel_ready_future(self._channel).result(timeout=remaining)
       except grpc.FutureTimeoutError:
         raise WorkerError(
             self._address, f'unreachable for {self._unavailable_timeout:g} s during '
@@ -162,6 +199,22 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
       raise  # Back: TFF retries this worker's share.
     except grpc.RpcError as e:
       raise WorkerError(self._address, f'{method} failed: {_grpc_details(e)}') from e
+
+  def _free(self, method: str, request):
+    """One attempt at a freeing call; None if the worker is away."""
+    if self.failing:
+      return None
+    try:
+      self.bytes_sent += request.ByteSize()
+      response = getattr(self._grpc_stub, method)(request,
+                                                  timeout=self._unavailable_timeout)
+      self.bytes_received += response.ByteSize()
+      return response
+    except grpc.RpcError as e:
+      if (isinstance(e, grpc.Call) and self._failing_since is None and
+          e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)):
+        self._failing_since = time.monotonic()  # Nothing left to free there.
+      return None
 
   def get_executor(self, request):
     return self._call('get_executor', request)
@@ -182,13 +235,10 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
     return self._call('compute', request)
 
   def dispose(self, request):
-    try:
-      return self._stub.dispose(request)
-    except (tff.framework.RetryableError, grpc.RpcError):
-      return None  # Freeing values of a gone worker: nothing left to free.
+    return self._free('Dispose', request)
 
   def dispose_executor(self, request):
-    return self._call('dispose_executor', request)
+    return self._free('DisposeExecutor', request)
 
   @property
   def is_ready(self) -> bool:
@@ -310,6 +360,7 @@ class DistributedContext(tff.framework.SyncContext):
         grpc.channel_ready_future(worker.channel).result(timeout=timeout)
       except grpc.FutureTimeoutError as e:
         raise WorkerError(worker.address, f'not reachable within {timeout:g} s.') from e
+      worker.stub.reached()
 
   def traffic(self) -> dict[str, tuple[int, int]]:
     """Worker address → (bytes sent to it, bytes received from it) so far: the
@@ -338,15 +389,6 @@ def distributed_execution(addresses, **kwargs):
     context.close()
 
 
-def _die_with_parent():
-  # Runs in the child before exec: the kernel kills the worker when the Python
-  # process that started it dies, even by SIGKILL, so no worker outlives a test.
-  try:
-    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-  except OSError:
-    pass
-
-
 class LocalWorkers:
   """Starts `num_workers` TFF worker_binary processes on this machine; a context
   manager that always stops them (by pid) when the block ends.
@@ -354,10 +396,14 @@ class LocalWorkers:
     with LocalWorkers(2) as workers:
       with distributed_execution(workers.addresses): ...
 
-  Workers listen on free ports; they are reached at `host` (default 127.0.0.1). Each
-  worker's output goes to a log file in `log_dir` (default a temporary directory), not
-  to this process's stdout, so `python x.py | tail` ends. The kernel also kills a
-  worker if the starting Python process dies (PR_SET_PDEATHSIG).
+  Workers listen on free ports (or `ports`); they are reached at `host` (default
+  127.0.0.1). A port something already listens on is refused (`WorkerError` naming
+  it), and a worker counts as started once it accepts connections on its port and is
+  the only process listening there (`tff_robust.worker_launcher`, as
+  `python -m tff_robust.distributed` checks). Each worker's output goes to a log file
+  in `log_dir` (default a temporary directory), not to this process's stdout, so
+  `python x.py | tail` ends. The kernel also kills a worker if the starting Python
+  process dies (PR_SET_PDEATHSIG).
 
   Attributes:
     addresses: `host:port` of every worker.
@@ -406,7 +452,12 @@ class LocalWorkers:
     self.stop()
 
   def start(self) -> None:
-    """Starts every worker and waits until each accepts connections."""
+    """Starts every worker and waits until each accepts connections.
+
+    Raises:
+      WorkerError: naming a worker whose port is in use, that exited, or that was not
+        listening within `startup_timeout`.
+    """
     if self._processes:
       raise RuntimeError('These workers are already started.')
     if self._log_dir is None:
@@ -426,27 +477,28 @@ class LocalWorkers:
     return len(self._ports) if self._ports else self._requested
 
   def _launch(self, index: int) -> None:
+    try:
+      worker_launcher.check_port_free(self._ports[index])
+    except worker_launcher.PortInUseError as e:
+      raise WorkerError(self.addresses[index], str(e)) from None
     with open(self._logs[index], 'ab') as log:
-      self._processes[index] = subprocess.Popen(
-          [self._binary, f'--port={self._ports[index]}',
-           f'--grpc_max_message_length_megabytes={self._max_megabytes}'],
-          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-          preexec_fn=_die_with_parent, close_fds=True)
+      self._processes[index] = worker_launcher.start_worker(
+          self._binary, [f'--port={self._ports[index]}',
+                         f'--grpc_max_message_length_megabytes={self._max_megabytes}'],
+          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
   def _wait_ready(self, index: int) -> None:
-    process, address = self._processes[index], self.addresses[index]
-    deadline = time.monotonic() + self._startup_timeout
-    while True:
-      if process.poll() is not None:
-        raise WorkerError(address, f'exited with status {process.returncode} at start; '
-                          f'log {self._logs[index]}:\n{self._tail(index)}')
-      try:
-        wait_until_ready(address, min(1.0, max(deadline - time.monotonic(), 0.01)))
-        return
-      except WorkerError:
-        if time.monotonic() > deadline:
-          raise WorkerError(address, f'not ready after {self._startup_timeout:g} s; '
-                            f'log {self._logs[index]}') from None
+    process = self._processes[index]
+    try:
+      worker_launcher.wait_until_listening(process, self._ports[index],
+                                           timeout=self._startup_timeout,
+                                           host=self._host)
+    except worker_launcher.WorkerStartError as e:
+      if process.poll() is None:  # E.g. sharing its port with another process.
+        process.kill()
+      process.wait()
+      raise WorkerError(self.addresses[index], f'{e} Log {self._logs[index]}:\n'
+                        f'{self._tail(index)}') from None
 
   def _tail(self, index: int, lines: int = 20) -> str:
     try:
@@ -482,13 +534,3 @@ class LocalWorkers:
         process.wait()
     self._processes = []
 
-
-def _main(argv: Sequence[str]) -> None:
-  """`python -m tff_robust.distributed --port=N`: runs one worker in the foreground
-  (one per machine of a multi-machine run); exits with it."""
-  binary = worker_binary_path()
-  os.execv(binary, [binary, *argv[1:]])
-
-
-if __name__ == '__main__':
-  _main(sys.argv)

@@ -1,0 +1,279 @@
+"""Starts one TFF `worker_binary` without importing TensorFlow; says when it listens.
+
+`python -m tff_robust.distributed --port=8000` runs `main` (standard library only: the
+package's `__init__` loads its modules lazily, so nothing imports TensorFlow): it
+
+1.  refuses a port that something already listens on. gRPC binds with SO_REUSEPORT, so
+    a second worker_binary on a used port would start silently and the kernel would
+    split new connections between the two; and a worker_binary that cannot bind exits
+    with status 0. Both end here with a message naming the port and a non-zero status;
+2.  starts the worker_binary shipped in the TFF package (found without importing TFF),
+    its output to this process's, the kernel killing it if this process dies;
+3.  connects to the port until it accepts, checks that every socket listening there is
+    the worker's own (Linux: `/proc/net/tcp*`), and prints one line
+    `listening on [::]:PORT ...` to stdout;
+4.  passes SIGINT, SIGTERM and SIGHUP on to the worker and exits when it does.
+
+`tff_robust.distributed.LocalWorkers` uses `check_port_free` and `wait_until_listening`
+for the workers it starts.
+"""
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Optional, Sequence
+
+DEFAULT_PORT = 10000  # worker_binary's own default for --port.
+_PR_SET_PDEATHSIG = 1
+_TCP_LISTEN = '0A'
+# Flags that could set --port where this launcher does not see it.
+_INDIRECT_FLAGS = ('flagfile', 'fromenv', 'tryfromenv')
+
+
+class WorkerStartError(RuntimeError):
+  """A worker could not start listening on `port`."""
+
+  def __init__(self, port: int, message: str):
+    super().__init__(message)
+    self.port = port
+
+
+class PortInUseError(WorkerStartError):
+  """Another socket listens on `port`."""
+
+
+def worker_binary_path() -> str:
+  """The `worker_binary` inside the installed TFF package (TFF is not imported)."""
+  spec = importlib.util.find_spec('tensorflow_federated')
+  if spec is None or not spec.origin:
+    raise FileNotFoundError('tensorflow_federated is not installed: no worker_binary.')
+  path = os.path.join(os.path.dirname(spec.origin), 'data', 'worker_binary')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f'No TFF worker_binary at {path}: is tensorflow-federated 0.87 installed from '
+        'its wheel?')
+  return path
+
+
+def _listening_sockets(port: int) -> Optional[dict[int, int]]:
+  """Inode → owner uid of every TCP socket listening on `port` (any address) in this
+  network namespace; None where /proc/net/tcp* does not exist (not Linux)."""
+  found, readable = {}, False
+  for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+    try:
+      with open(table) as f:
+        lines = f.readlines()[1:]
+    except OSError:
+      continue
+    readable = True
+    for line in lines:
+      fields = line.split()
+      if (len(fields) > 9 and fields[3] == _TCP_LISTEN and
+          int(fields[1].rsplit(':', 1)[1], 16) == port):
+        found[int(fields[9])] = int(fields[7])
+  return found if readable else None
+
+
+def _socket_inodes(pid: int) -> set[int]:
+  """Inodes of the sockets process `pid` holds (empty if not readable)."""
+  inodes = set()
+  try:
+    fds = os.listdir(f'/proc/{pid}/fd')
+  except OSError:
+    return inodes
+  for fd in fds:
+    try:
+      target = os.readlink(f'/proc/{pid}/fd/{fd}')
+    except OSError:
+      continue
+    if target.startswith('socket:['):
+      inodes.add(int(target[len('socket:['):-1]))
+  return inodes
+
+
+def _describe_owners(inodes: dict[int, int]) -> str:
+  """' (pid 123: worker_binary)' for the processes holding the sockets `inodes`, as far
+  as /proc lets this user see them."""
+  owners = []
+  for entry in os.listdir('/proc') if inodes else []:
+    if entry.isdigit() and _socket_inodes(int(entry)) & set(inodes):
+      try:
+        with open(f'/proc/{entry}/comm') as f:
+          owners.append(f'pid {entry}: {f.read().strip()}')
+      except OSError:
+        owners.append(f'pid {entry}')
+  if not owners and inodes:
+    owners = [f'a process of uid {uid}' for uid in sorted(set(inodes.values()))]
+  return f' ({", ".join(owners)})' if owners else ''
+
+
+def _in_use_message(port: int, owners: str) -> str:
+  return (f'port {port} is already in use{owners}. A second worker_binary there would '
+          'start anyway and silently share its connections (gRPC binds with '
+          'SO_REUSEPORT). Stop that process or pass another --port.')
+
+
+def check_port_free(port: int) -> None:
+  """Raises `PortInUseError` if a socket listens on `port`, as the worker would.
+
+  Binds the wildcard address (IPv6 dual-stack, else IPv4) with SO_REUSEADDR (so that
+  connections still closing do not count) and without SO_REUSEPORT (so that a listening
+  worker_binary, which sets it, does), and lets it go at once.
+  """
+  for family, address in ((socket.AF_INET6, '::'), (socket.AF_INET, '0.0.0.0')):
+    try:
+      probe = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:  # No IPv6 on this machine.
+      continue
+    with probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      if family == socket.AF_INET6:
+        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+      try:
+        probe.bind((address, port))
+      except OSError as e:
+        raise PortInUseError(port, _in_use_message(
+            port, _describe_owners(_listening_sockets(port) or {}))) from e
+    return
+
+
+def wait_until_listening(process: subprocess.Popen, port: int,
+                         timeout: Optional[float] = None,
+                         host: str = '127.0.0.1') -> None:
+  """Blocks until the worker_binary `process` accepts connections on `port`.
+
+  Connects to `host:port` until a connection is accepted (no fixed sleep), then checks
+  (Linux) that the sockets listening on the port are all `process`'s own.
+
+  Raises:
+    PortInUseError: another process listens on the port too.
+    WorkerStartError: `process` exited first (a worker_binary that cannot bind exits
+      with status 0), or `timeout` seconds (None: no limit) passed.
+  """
+  deadline = None if timeout is None else time.monotonic() + timeout
+  while True:
+    status = process.poll()
+    if status is not None:
+      raise WorkerStartError(port, (
+          f'the worker_binary exited with status {status} before listening on port '
+          f'{port}; its output says why (a port in use: pass another --port).'))
+    try:
+      with socket.create_connection((host, port), timeout=1.0):
+        pass
+    except OSError:
+      if deadline is not None and time.monotonic() > deadline:
+        raise WorkerStartError(port, f'the worker_binary was not listening on port '
+                               f'{port} after {timeout:g} s.') from None
+      time.sleep(0.02)
+      continue
+    listening = _listening_sockets(port)
+    if listening is None:
+      return  # Not Linux: the connection is all there is to check.
+    others = {inode: uid for inode, uid in listening.items()
+              if inode not in _socket_inodes(process.pid)}
+    if others:
+      raise PortInUseError(port, _in_use_message(port, _describe_owners(others)))
+    return
+
+
+def parse_port(args: Sequence[str]) -> int:
+  """The --port of worker_binary arguments (absl syntax), else its default.
+
+  Raises:
+    ValueError: for a port outside 1–65535, or flags that could set it unseen.
+  """
+  port = str(DEFAULT_PORT)
+  args = list(args)
+  for i, arg in enumerate(args):
+    name, has_value, value = arg.lstrip('-').partition('=')
+    if not arg.startswith('-'):
+      continue
+    if name in _INDIRECT_FLAGS:
+      raise ValueError(f'{arg}: give --port (and the other flags) on the command line.')
+    if name == 'port':
+      if not has_value:
+        value = args[i + 1] if i + 1 < len(args) else ''
+      port = value
+  if not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(f'--port={port}: give a port number 1–65535.')
+  return int(port)
+
+
+def _die_with_parent():
+  # Runs in the child before exec: the kernel kills the worker when the process that
+  # started it dies, even by SIGKILL.
+  try:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+  except OSError:
+    pass
+
+
+def start_worker(binary: str, args: Sequence[str], **popen_kwargs) -> subprocess.Popen:
+  """Starts `binary` with `args`, killed by the kernel if this process dies."""
+  return subprocess.Popen([binary, *args], preexec_fn=_die_with_parent, close_fds=True,
+                          **popen_kwargs)
+
+
+def _error(message: str) -> None:
+  print(f'tff_robust worker: ERROR: {message}', file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str]) -> int:
+  """Runs one worker in the foreground (module docstring); returns the exit status."""
+  args = list(argv[1:])
+  binary = worker_binary_path()
+  if any(a.lstrip('-').split('=')[0] in ('help', 'helpfull', 'helpshort', 'version')
+         for a in args if a.startswith('-')):
+    os.execv(binary, [binary, *args])  # Its own help; nothing listens.
+  try:
+    port = parse_port(args)
+    check_port_free(port)
+  except ValueError as e:
+    _error(str(e))
+    return 2
+  except PortInUseError as e:
+    _error(str(e))
+    return 1
+  process = start_worker(binary, args)
+  forwarded = []
+
+  def forward(signum, frame):
+    del frame
+    forwarded.append(signum)
+    try:
+      process.send_signal(signum)
+    except ProcessLookupError:
+      pass
+
+  for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(signum) != signal.SIG_IGN:  # Ignored (nohup, `&`): stays so.
+      signal.signal(signum, forward)
+  try:
+    wait_until_listening(process, port)
+  except WorkerStartError as e:
+    if process.poll() is None:
+      process.kill()
+    process.wait()
+    if forwarded:  # Stopped while starting.
+      return 128 + forwarded[0]
+    _error(str(e))
+    return 1
+  print(f'listening on [::]:{port} (all interfaces), worker_binary pid {process.pid}; '
+        f'drivers reach it at {socket.gethostname()}:{port}', flush=True)
+  status = process.wait()
+  if status < 0:
+    if -status not in forwarded:
+      _error(f'the worker_binary on port {port} was killed by signal {-status}.')
+    return 128 - status
+  if not forwarded:
+    _error(f'the worker_binary on port {port} exited with status {status}.')
+  return status or (0 if forwarded else 1)
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv))
