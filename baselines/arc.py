@@ -139,6 +139,8 @@ class AdaptiveRobustClippingFactory(unit_weights.WeightedOrUnweightedFactory):
 
   # The server receives every client's update norm in the clear (one scalar each).
   secure_compatible = False
+  # The factories it wraps (checked by the constructor; `tasks.registry` reads it).
+  wraps = tff.aggregators.WeightedAggregationFactory
 
   def __init__(self, inner: tff.aggregators.WeightedAggregationFactory,
                num_byzantine: Optional[int] = None,
@@ -158,7 +160,7 @@ class AdaptiveRobustClippingFactory(unit_weights.WeightedOrUnweightedFactory):
       ValueError: if neither or both of `num_byzantine` and `byzantine_fraction` are
         given, or one is out of range.
     """
-    if not isinstance(inner, tff.aggregators.WeightedAggregationFactory):
+    if not isinstance(inner, self.wraps):
       raise TypeError('arc wraps a tff.aggregators.WeightedAggregationFactory, got '
                       f'{type(inner).__name__}.')
     self._inner = inner

@@ -68,6 +68,9 @@ class BucketingFactory(gather.GatheringAggregationFactory):
   NOT compatible with secure aggregation: every client's update reaches the server.
   """
 
+  # The factories it wraps (checked by the constructor; `tasks.registry` reads it).
+  wraps = gather.GatheringAggregationFactory
+
   def __init__(self, inner: gather.GatheringAggregationFactory, bucket_size: int = 2,
                seed: int = 0):
     """Initializes the factory.
@@ -83,7 +86,7 @@ class BucketingFactory(gather.GatheringAggregationFactory):
       TypeError: if `bucket_size` or `seed` is not an integer.
       ValueError: if `bucket_size` < 1.
     """
-    if not isinstance(inner, gather.GatheringAggregationFactory):
+    if not isinstance(inner, self.wraps):
       raise TypeError(
           'bucketing wraps the gathering baselines (median, trimmed_mean, krum, '
           'multi_krum, centered_clipping, gathered_gm), which see the individual '

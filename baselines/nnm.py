@@ -71,6 +71,9 @@ class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
   NOT compatible with secure aggregation: every client's update reaches the server.
   """
 
+  # The factories it wraps (checked by the constructor; `tasks.registry` reads it).
+  wraps = gather.GatheringAggregationFactory
+
   def __init__(self, inner: gather.GatheringAggregationFactory,
                num_byzantine: Optional[int] = None,
                byzantine_fraction: Optional[float] = None):
@@ -90,7 +93,7 @@ class NearestNeighborMixingFactory(gather.GatheringAggregationFactory):
       ValueError: if neither or both of `num_byzantine` and `byzantine_fraction` are
         given, or one is out of range.
     """
-    if not isinstance(inner, gather.GatheringAggregationFactory):
+    if not isinstance(inner, self.wraps):
       raise TypeError(
           'nnm wraps the gathering baselines (median, trimmed_mean, krum, multi_krum, '
           'centered_clipping, gathered_gm), which see the individual updates; got '

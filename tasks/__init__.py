@@ -7,6 +7,8 @@
   tasks.binaries     absl-flag binaries: train, sweep, main_job
   tasks.registry     every aggregator and pre-aggregation wrapper by name, from
                      `tff_robust` and `baselines`
+  tasks.references   plain-numpy references of aggregators (numpy only): what the
+                     adaptive attacks expect, and the tests' independent check
 
 Importing this package imports nothing else.
 """

@@ -8,6 +8,28 @@ A name may compose pre-aggregation wrappers with an aggregator, outermost first:
 'bucketing+median' is `BucketingFactory(CoordinateWiseMedianFactory())`; the wrappers'
 arguments come in `wrapper_args` (wrapper name → keyword arguments).
 
+In Python the factories compose as objects, and a name is sugar for exactly those
+objects (this module builds every name that way): each wrapper takes its inner
+factory as the first argument,
+
+  from baselines.arc import AdaptiveRobustClippingFactory
+  from baselines.bucketing import BucketingFactory
+  from baselines.coordinatewise import CoordinateWiseMedianFactory
+  from baselines.krum import KrumFactory
+  from baselines.nnm import NearestNeighborMixingFactory
+  from tff_robust import GeometricMedianFactory, NonfiniteFilteringFactory
+
+  BucketingFactory(CoordinateWiseMedianFactory())               # 'bucketing+median'
+  AdaptiveRobustClippingFactory(GeometricMedianFactory(),       # 'arc+gm'
+                                byzantine_fraction=0.25)
+  NearestNeighborMixingFactory(KrumFactory(byzantine_fraction=0.25),   # 'nnm+krum'
+                               byzantine_fraction=0.25)
+
+and `aggregator_from_name(name)` adds the outermost `NonfiniteFilteringFactory`. What a
+wrapper wraps is declared by its class (`wraps`: bucketing and NNM the gathering
+baselines, `baselines.gather.GatheringAggregationFactory`; ARC any weighted factory)
+and checked by its constructor.
+
 Every factory built here is weighted and unweighted (`create(value_type)` gives every
 client weight 1; `build_unweighted_fed_avg` takes it) and is wrapped, outermost, in
 `tff_robust.NonfiniteFilteringFactory`: a client with a NaN or an infinity gets weight 0
@@ -22,6 +44,10 @@ factory is secure-aggregation compatible is declared by its class
 (`secure_compatible`), never listed here.
 
 Adding an aggregator is one line in `AGGREGATORS`, a wrapper one line in `WRAPPERS`.
+What the rest of the project needs to know of them is read from the factories, never
+listed: whether one is secure-aggregation compatible (`is_secure_compatible`), gathers
+the updates (`gathers`), and which wrappers take it (`wrappable`); the leaderboard's
+default grid (`tasks.simulation.leaderboard`) is derived from these.
 """
 
 from typing import Any, Callable, Mapping, Optional
@@ -32,6 +58,7 @@ from baselines import arc
 from baselines import bucketing
 from baselines import centered_clipping
 from baselines import coordinatewise
+from baselines import gather
 from baselines import geometric_median as gathered_geometric_median
 from baselines import krum
 from baselines import nnm
@@ -110,9 +137,9 @@ WRAPPERS: dict[str, Callable[..., tff.aggregators.WeightedAggregationFactory]] =
 SEPARATOR = '+'
 
 # Bucketing and NNM transform the gathered updates, so they wrap gathering baselines
-# only: in front of them a secure-compatible name means its gathering twin (same
-# arguments, same result), e.g. 'bucketing+gm' is bucketing around 'gathered_gm'.
-_GATHERING_WRAPPERS = ('bucketing', 'nnm')
+# only (`wraps_gathering_only`): in front of them a secure-compatible name means its
+# gathering twin (same arguments, same result), e.g. 'bucketing+gm' is bucketing
+# around 'gathered_gm'.
 _GATHERED_TWINS = {'gm': 'gathered_gm'}
 
 
@@ -123,6 +150,49 @@ def known_aggregators() -> tuple[str, ...]:
 
 def known_wrappers() -> tuple[str, ...]:
   return tuple(WRAPPERS)
+
+
+def _wrapped_type(wrapper: str) -> type:
+  """The factories `wrapper` wraps, as its class declares (`wraps`); any weighted
+  factory for a wrapper that declares nothing."""
+  return getattr(WRAPPERS[wrapper], 'wraps', tff.aggregators.WeightedAggregationFactory)
+
+
+def wraps_gathering_only(wrapper: str) -> bool:
+  """Whether `wrapper` wraps the gathering baselines only (bucketing, NNM): directly
+  inside it, a name with a gathering twin means the twin ('gm' → 'gathered_gm')."""
+  return issubclass(_wrapped_type(wrapper), gather.GatheringAggregationFactory)
+
+
+def _default_factory(name: str) -> tff.aggregators.WeightedAggregationFactory:
+  """The factory of `name` built with default arguments, without the filter."""
+  return aggregator_from_name(name).inner
+
+
+def gathers(name: str) -> bool:
+  """Whether the aggregator `name` gathers the individual client updates at the
+  server (a `baselines.gather.GatheringAggregationFactory`: the gathering baselines,
+  which bucketing and NNM wrap), as its factory built with default arguments does."""
+  return isinstance(_default_factory(name), gather.GatheringAggregationFactory)
+
+
+def wrappable(wrapper: str) -> tuple[str, ...]:
+  """The aggregators `wrapper+name` accepts: the names whose factory (by default
+  arguments) the wrapper's class wraps, in `AGGREGATORS` order; then, for a wrapper of
+  the gathering baselines only, the names it takes through their gathering twin
+  ('gm'), the twin itself ('gathered_gm') being listed under that name only."""
+  if wrapper not in WRAPPERS:
+    raise ValueError(f'Unknown wrapper {wrapper!r}; known wrappers: '
+                     f'{", ".join(known_wrappers())}.')
+  wrapped = _wrapped_type(wrapper)
+  twins = _GATHERED_TWINS if wraps_gathering_only(wrapper) else {}
+  direct = [name for name in AGGREGATORS if name not in twins
+            and name not in twins.values()
+            and isinstance(_default_factory(name), wrapped)]
+  through_twins = [name for name, twin in twins.items() if name in AGGREGATORS
+                   and twin in AGGREGATORS
+                   and isinstance(_default_factory(twin), wrapped)]
+  return tuple(direct + through_twins)
 
 
 def split_name(name: str) -> tuple[list[str], str]:
@@ -177,7 +247,7 @@ def aggregator_from_name(
       wrapper that cannot wrap the aggregator.
   """
   wrappers, base = split_name(name)
-  if wrappers and wrappers[-1] in _GATHERING_WRAPPERS:
+  if wrappers and wraps_gathering_only(wrappers[-1]):
     base = _GATHERED_TWINS.get(base, base)
   if base in _TAKE_ASSUMED_FRACTION:
     kwargs['assumed_byzantine_fraction'] = assumed_byzantine_fraction

@@ -15,6 +15,8 @@ matplotlib.use('Agg')  # Files only; no display on a server.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from tasks import registry
+from tasks.builders import emnist
 from tasks.simulation import attacks
 from tasks.simulation import sweep
 
@@ -22,22 +24,70 @@ from tasks.simulation import sweep
 README_BEGIN = '<!-- leaderboard:begin -->'
 README_END = '<!-- leaderboard:end -->'
 
-# Every aggregator of the registry ('gathered_gm' computes what 'gm' does); bucketing
-# and NNM in front of the gathering baselines (the only ones they wrap: both transform
-# the gathered updates; 'gm' there is the registry's gathering 'gathered_gm'); ARC,
-# which wraps any factory, in front of the mean, GM, median and Krum.
-_BASES = ['mean', 'gm', 'one_step_gm', 'gamma_mean', 'gma', 'median', 'trimmed_mean',
-          'krum', 'multi_krum', 'norm_clipping', 'centered_clipping',
-          'secure_centered_clipping']
-_GATHERING = ['median', 'trimmed_mean', 'krum', 'multi_krum', 'centered_clipping', 'gm']
-_CLIPPED = ['mean', 'gm', 'median', 'krum']
-DEFAULT_AGGREGATORS = (_BASES + [f'bucketing+{name}' for name in _GATHERING] +
-                       [f'nnm+{name}' for name in _GATHERING] +
-                       [f'arc+{name}' for name in _CLIPPED])
-# Every update attack but the non-finite ones (the filter in front of every
-# aggregator drops those clients whatever the aggregator), and the label flip.
-DEFAULT_ATTACKS = [name for name in attacks.UPDATE_ATTACKS
-                   if name not in ('nan', 'inf')] + ['label_flip']
+# The default grid is derived from the registries, never listed: every aggregator of
+# `tasks.registry`, plain and then behind each wrapper (in `registry.WRAPPERS` order)
+# in front of every aggregator it takes (`registry.wrappable`: bucketing and NNM the
+# gathering baselines, 'gm' there as 'gathered_gm'; ARC any), and every update attack
+# (`attacks.UPDATE_ATTACKS` order), then the data attacks of the leaderboard's task;
+# all but the names below, each left out for the reason given. A name left out plain
+# is left out behind every wrapper too. A newly registered aggregator, wrapper or
+# attack is in the grid unless it is added here.
+_ARC_ROWS = ('ARC, which wraps any aggregator, is shown in front of one aggregator of '
+             'each kind only (the mean, the GM, the median and Krum), to bound the grid')
+EXCLUDED_AGGREGATORS = {
+    'gathered_gm': "computes what 'gm' does, with the updates gathered at the server; "
+                   "it is the grid's 'gm' behind bucketing and NNM",
+    'gamma_mean_diagonal': "the γ-mean with a diagonal covariance, a variant of "
+                           "'gamma_mean', which has the grid's γ-mean row",
+    'arc+one_step_gm': _ARC_ROWS,
+    'arc+gamma_mean': _ARC_ROWS,
+    'arc+gma': _ARC_ROWS,
+    'arc+trimmed_mean': _ARC_ROWS,
+    'arc+multi_krum': _ARC_ROWS,
+    'arc+norm_clipping': _ARC_ROWS,
+    'arc+centered_clipping': _ARC_ROWS,
+    'arc+secure_centered_clipping': _ARC_ROWS,
+}
+_NON_FINITE = ('a client fault, not an attack: the filter in front of every '
+               'aggregator drops such clients whatever the aggregator')
+EXCLUDED_ATTACKS = {
+    'nan': _NON_FINITE,
+    'inf': _NON_FINITE,
+    'data': "EMNIST's negative images (the RFA paper's data corruption); the grid's "
+            'data attack is label flipping',
+}
+# The task whose data attacks are in the default grid (the binary's default --task).
+TASK_DATA_ATTACKS = emnist.DATA_ATTACKS
+
+
+def candidate_aggregators() -> list[str]:
+  """Every aggregator name of the registry, plain and behind each wrapper in front of
+  every aggregator it takes, in the grid's order (before `EXCLUDED_AGGREGATORS`)."""
+  return list(registry.known_aggregators()) + [
+      f'{wrapper}{registry.SEPARATOR}{name}' for wrapper in registry.known_wrappers()
+      for name in registry.wrappable(wrapper)]
+
+
+def default_aggregators() -> list[str]:
+  """`candidate_aggregators()` but `EXCLUDED_AGGREGATORS` (a name excluded plain is
+  excluded behind every wrapper too)."""
+  return [name for name in candidate_aggregators()
+          if name not in EXCLUDED_AGGREGATORS
+          and registry.split_name(name)[1] not in EXCLUDED_AGGREGATORS]
+
+
+def candidate_attacks() -> list[str]:
+  """Every update attack, then the data attacks of `TASK_DATA_ATTACKS`."""
+  return [*attacks.UPDATE_ATTACKS, *TASK_DATA_ATTACKS]
+
+
+def default_attacks() -> list[str]:
+  """`candidate_attacks()` but `EXCLUDED_ATTACKS`."""
+  return [name for name in candidate_attacks() if name not in EXCLUDED_ATTACKS]
+
+
+DEFAULT_AGGREGATORS = default_aggregators()
+DEFAULT_ATTACKS = default_attacks()
 
 
 def worst_cases(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,12 +8,20 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from baselines import arc
+from baselines import bucketing
+from baselines import coordinatewise
 from baselines import fedavg
+from baselines import gather
+from baselines import geometric_median as gathered_geometric_median
+from baselines import krum
+from baselines import nnm
 from tasks import references
 from tasks import registry
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import least_squares as ls
 from tests.tasks import test_extreme_inputs as extreme
+import tff_robust
 
 
 class RegistryTest(parameterized.TestCase):
@@ -34,13 +42,21 @@ class RegistryTest(parameterized.TestCase):
     factory = registry.aggregator_from_name(name, **kwargs)
     self.assertIsInstance(factory, tff.aggregators.WeightedAggregationFactory)
 
-  def test_secure_compatibility_is_declared_by_each_class(self):
+  @parameterized.named_parameters(*[(n, n) for n in registry.known_aggregators()])
+  def test_secure_compatible_exactly_when_not_gathering(self, name):
+    # Every aggregator of the registry is one of the two kinds, each declared by its
+    # class: a secure-compatible factory, whose values reach the server through sums
+    # only, or a gathering baseline, which sees every update.
+    secure = registry.is_secure_compatible(registry.aggregator_from_name(name))
+    self.assertNotEqual(secure, registry.gathers(name))
+
+  def test_the_library_factories_are_secure_compatible(self):
     secure = {name for name in registry.known_aggregators()
-              if registry.is_secure_compatible(registry.aggregator_from_name(
-                  name, **(dict(num_byzantine=1) if 'krum' in name else {})))}
-    self.assertEqual(secure, {'mean', 'gm', 'one_step_gm', 'gamma_mean',
-                              'gamma_mean_diagonal', 'gma', 'norm_clipping',
-                              'secure_centered_clipping'})
+              if registry.is_secure_compatible(registry.aggregator_from_name(name))}
+    self.assertContainsSubset({'mean', 'gm', 'one_step_gm', 'gamma_mean', 'gma',
+                               'norm_clipping', 'secure_centered_clipping'}, secure)
+    self.assertNoCommonElements({'median', 'trimmed_mean', 'krum', 'gathered_gm',
+                                 'centered_clipping'}, secure)
 
   def test_kwargs_reach_the_factory(self):
     with self.assertRaisesRegex(ValueError, 'trim_fraction'):
@@ -144,6 +160,58 @@ class WrappedNamesTest(parameterized.TestCase):
     self.assertEqual(factory.inner._bucket_size, 3)  # pylint: disable=protected-access
     self.assertFalse(registry.is_secure_compatible(factory))
 
+  def test_what_each_wrapper_takes(self):
+    gathering = ('median', 'trimmed_mean', 'krum', 'multi_krum', 'centered_clipping',
+                 'gm')  # 'gm' as its gathering twin, 'gathered_gm'.
+    self.assertEqual(registry.wrappable('bucketing'), gathering)
+    self.assertEqual(registry.wrappable('nnm'), gathering)
+    self.assertEqual(registry.wrappable('arc'), registry.known_aggregators())
+    self.assertEqual([w for w in registry.known_wrappers()
+                      if registry.wraps_gathering_only(w)], ['bucketing', 'nnm'])
+
+  @parameterized.named_parameters(*[(w, w) for w in registry.known_wrappers()])
+  def test_a_wrapper_builds_in_front_of_what_it_takes_only(self, wrapper):
+    takes = registry.wrappable(wrapper)
+    for name in registry.known_aggregators():
+      if name in takes or name == 'gathered_gm':  # Listed as 'gm' where it is a twin.
+        registry.aggregator_from_name(f'{wrapper}+{name}')
+      else:
+        with self.assertRaisesRegex(TypeError, f'{wrapper} wraps'):
+          registry.aggregator_from_name(f'{wrapper}+{name}')
+
+  def test_names_are_sugar_for_the_composed_objects(self):
+    # The same classes, arguments and nesting as composed by hand in Python.
+    def chain(factory):
+      links = []
+      while factory is not None:
+        links.append((type(factory), {k: v for k, v in vars(factory).items()
+                                      if not isinstance(v, _FACTORY_TYPES)}))
+        factory = getattr(factory, 'inner', None)
+      return links
+
+    nonfinite = tff_robust.NonfiniteFilteringFactory
+    for name, by_hand in (
+        ('bucketing+median', nonfinite(bucketing.BucketingFactory(
+            coordinatewise.CoordinateWiseMedianFactory()))),
+        ('bucketing+gm', nonfinite(bucketing.BucketingFactory(
+            gathered_geometric_median.GatheredGeometricMedianFactory()))),
+        ('arc+gm', nonfinite(arc.AdaptiveRobustClippingFactory(
+            tff_robust.GeometricMedianFactory(), byzantine_fraction=0.25))),
+        ('nnm+krum', nonfinite(nnm.NearestNeighborMixingFactory(
+            krum.KrumFactory(byzantine_fraction=0.25), byzantine_fraction=0.25)))):
+      self.assertEqual(chain(registry.aggregator_from_name(name)), chain(by_hand), name)
+    self.assertTrue(issubclass(bucketing.BucketingFactory.wraps,
+                               gather.GatheringAggregationFactory))
+
+  def test_bucketing_median_by_name_is_the_composed_object(self):
+    x = cases.random_inputs(seed=9)
+    by_name = cases.process(('sugar', 'bucketing+median'),
+                            lambda: registry.aggregator_from_name('bucketing+median'))
+    by_hand = cases.process(('sugar', 'composed'), lambda: bucketing.BucketingFactory(
+        coordinatewise.CoordinateWiseMedianFactory()))
+    np.testing.assert_array_equal(cases.run(by_name, x, np.ones(10))[0],
+                                  cases.run(by_hand, x, np.ones(10))[0])
+
   def test_unknown_parts_are_named(self):
     with self.assertRaisesRegex(ValueError, r"wrapper\(s\) \['shuffle'\].*bucketing"):
       registry.aggregator_from_name('shuffle+median')
@@ -234,6 +302,10 @@ class WrappersByNameTest(parameterized.TestCase):
     np.testing.assert_allclose(result, cases.run(explicit, x, np.ones(8))[0], rtol=1e-6)
     # f matters here, so the match above is not vacuous.
     self.assertGreater(np.abs(result - cases.run(other, x, np.ones(8))[0]).max(), 1e-3)
+
+
+_FACTORY_TYPES = (tff.aggregators.WeightedAggregationFactory,
+                  tff.aggregators.UnweightedAggregationFactory)
 
 
 def _find(measurements, key):

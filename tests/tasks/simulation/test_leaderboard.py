@@ -3,11 +3,15 @@
 import math
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from baselines import coordinatewise
+from baselines import wrappers
 from tasks import registry
+from tasks.simulation import attacks
 from tasks.simulation import leaderboard
 
 
@@ -79,12 +83,71 @@ class WorstCasesTest(parameterized.TestCase):
     self.assertGreater(os.path.getsize(path), 5000)
 
 
+# The grid of the committed leaderboard pages and ledger, as it was listed by hand
+# before it was derived from the registries. A new aggregator or attack changes it
+# (the pages gain its rows or columns at the next full run): extend it here with it.
+_COMMITTED_AGGREGATORS = [
+    'mean', 'gm', 'one_step_gm', 'gamma_mean', 'gma', 'median', 'trimmed_mean', 'krum',
+    'multi_krum', 'norm_clipping', 'centered_clipping', 'secure_centered_clipping',
+    'bucketing+median', 'bucketing+trimmed_mean', 'bucketing+krum',
+    'bucketing+multi_krum', 'bucketing+centered_clipping', 'bucketing+gm',
+    'nnm+median', 'nnm+trimmed_mean', 'nnm+krum', 'nnm+multi_krum',
+    'nnm+centered_clipping', 'nnm+gm',
+    'arc+mean', 'arc+gm', 'arc+median', 'arc+krum']
+_COMMITTED_ATTACKS = [
+    'gaussian', 'omniscient', 'sign_flip', 'alie', 'ipm', 'zero_update', 'tiny_update',
+    'far_update', 'random_gaussian', 'min_max', 'min_sum', 'mimic', 'optimal_alie',
+    'optimal_ipm', 'model_replacement', 'label_flip']
+
+
 class DefaultGridTest(parameterized.TestCase):
 
   @parameterized.parameters(*leaderboard.DEFAULT_AGGREGATORS)
   def test_every_default_aggregator_builds(self, name):
     # By name alone, as the binary builds it: wrappers and f from the run's ρ.
     registry.aggregator_from_name(name, assumed_byzantine_fraction=0.25)
+
+  def test_the_derived_grid_is_the_committed_one(self):
+    self.assertEqual(leaderboard.DEFAULT_AGGREGATORS, _COMMITTED_AGGREGATORS)
+    self.assertEqual(leaderboard.DEFAULT_ATTACKS, _COMMITTED_ATTACKS)
+
+  def test_a_new_aggregator_is_in_the_grid_plain_and_behind_the_wrappers_it_takes(self):
+    with mock.patch.dict(registry.AGGREGATORS, {
+        'new_gathering': coordinatewise.CoordinateWiseMedianFactory,
+        'new_secure': wrappers.mean_factory}):
+      grid = leaderboard.default_aggregators()
+    new = [name for name in grid if 'new_' in name]
+    self.assertEqual(new, ['new_gathering', 'new_secure', 'bucketing+new_gathering',
+                           'nnm+new_gathering', 'arc+new_gathering', 'arc+new_secure'])
+    self.assertEqual([name for name in grid if 'new_' not in name],
+                     _COMMITTED_AGGREGATORS)
+
+  def test_a_new_wrapper_is_in_the_grid(self):
+    with mock.patch.dict(registry.WRAPPERS, {'new_wrapper': registry.WRAPPERS['arc']}):
+      grid = leaderboard.default_aggregators()
+    self.assertEqual([name for name in grid if name.startswith('new_wrapper+')],
+                     [f'new_wrapper+{name}' for name in registry.known_aggregators()
+                      if name not in leaderboard.EXCLUDED_AGGREGATORS])
+
+  def test_a_new_update_attack_is_in_the_grid(self):
+    with mock.patch.dict(attacks.UPDATE_ATTACKS, {'new_attack': attacks.SignFlip}):
+      grid = leaderboard.default_attacks()
+    self.assertEqual(grid, _COMMITTED_ATTACKS[:-1] + ['new_attack', 'label_flip'])
+
+  def test_a_new_data_attack_is_in_the_grid(self):
+    with mock.patch.dict(leaderboard.TASK_DATA_ATTACKS, {'new_data': lambda d: d}):
+      self.assertEqual(leaderboard.default_attacks(),
+                       _COMMITTED_ATTACKS + ['new_data'])
+
+  def test_every_exclusion_is_a_candidate_with_a_reason(self):
+    # A stale entry (an aggregator or attack renamed or removed) fails here.
+    for excluded, candidates in (
+        (leaderboard.EXCLUDED_AGGREGATORS, leaderboard.candidate_aggregators()),
+        (leaderboard.EXCLUDED_ATTACKS, leaderboard.candidate_attacks())):
+      self.assertContainsSubset(excluded, candidates)
+      for name, reason in excluded.items():
+        self.assertIsInstance(reason, str, name)
+        self.assertGreater(len(reason), 20, name)
 
 
 if __name__ == '__main__':
