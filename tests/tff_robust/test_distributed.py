@@ -1,6 +1,8 @@
 """tff_robust.distributed and tff_robust.passwise: aggregations with their clients split
 over two local worker_binary processes (127.0.0.1) equal the single-process result."""
 
+import time
+
 import numpy as np
 import pytest
 import tensorflow_federated as tff
@@ -205,6 +207,33 @@ def test_a_stopped_worker_is_named_in_the_error():
   assert not processes.running(pids)
   want = process.next(process.initialize(), values, weights)
   assert_same(got.result, want.result)
+
+
+def test_a_dead_worker_fails_the_call_once_and_closing_does_not_wait_for_it():
+  # The calls of the failed computation share the worker's deadline, and freeing its
+  # state does not wait: before issue 39 each of them waited the timeout again (3 × 10
+  # s to the error, 3 × 10 s more in close()).
+  timeout = 10.0
+  values, weights = _clients(seed=5, nonfinite=False)
+  process = passwise.PasswiseFactory(FACTORIES['gm']()).create(
+      cases.VALUE_TYPE, cases.WEIGHT_TYPE)
+  with distributed.LocalWorkers(2) as local:
+    context = distributed.DistributedContext(local.addresses,
+                                             unavailable_timeout=timeout)
+    try:
+      with tff.framework.get_context_stack().install(context):
+        state = process.initialize()
+        process.next(state, values, weights)
+        local.kill(1)
+        killed = time.monotonic()
+        with pytest.raises(distributed.WorkerError, match=local.addresses[1]):
+          process.next(state, values, weights)
+        failed = time.monotonic()
+    finally:
+      context.close()
+    closed = time.monotonic()
+  assert timeout <= failed - killed < 2 * timeout
+  assert closed - failed < timeout
 
 
 def test_local_workers_stop_when_the_block_raises():
