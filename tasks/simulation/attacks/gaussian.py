@@ -7,7 +7,7 @@ from tasks.simulation.attacks import base
 
 @base.register('gaussian')
 class GaussianNoise(base.UpdateAttack):
-  """update + N(0, σ²I), σ the std of that update's components (DESIGN.md adds the
+  """update + N(0, σ²I), σ the std of that update's components (docs/design.md: adds the
   noise to the update; the paper's text says the update is "replaced by" a Gaussian)."""
 
   def malicious_rows(self, updates, weights, corrupted, rng):
