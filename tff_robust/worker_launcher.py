@@ -18,6 +18,7 @@ package's `__init__` loads its modules lazily, so nothing imports TensorFlow): i
 for the workers it starts.
 """
 
+import errno
 import importlib.util
 import os
 import signal
@@ -136,6 +137,8 @@ def check_port_free(port: int) -> None:
       try:
         probe.bind((address, port))
       except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+          continue  # E.g. no IPv6 address on this machine: try IPv4.
         raise PortInUseError(port, _in_use_message(
             port, _describe_owners(_listening_sockets(port) or {}))) from e
     return
@@ -226,7 +229,11 @@ def _error(message: str) -> None:
 def main(argv: Sequence[str]) -> int:
   """Runs one worker in the foreground (module docstring); returns the exit status."""
   args = list(argv[1:])
-  binary = worker_binary_path()
+  try:
+    binary = worker_binary_path()
+  except FileNotFoundError as e:
+    _error(str(e))
+    return 1
   if any(a.lstrip('-').split('=')[0] in ('help', 'helpfull', 'helpshort', 'version')
          for a in args if a.startswith('-')):
     os.execv(binary, [binary, *args])  # Its own help; nothing listens.
