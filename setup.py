@@ -26,8 +26,10 @@ setuptools.setup(
     python_requires='>=3.9,<3.12',
     packages=setuptools.find_packages(
         include=['tff_robust*'] + (['baselines*', 'tasks*'] if _EXPERIMENTS else [])),
-    # What `tff_robust` itself imports (grpc and portpicker for its worker contexts).
+    # What `tff_robust` itself imports (grpc and portpicker for its worker contexts,
+    # cryptography for the workers' TLS credentials).
     install_requires=[
+        'cryptography>=41',
         'grpcio>=1.46',
         'numpy~=1.25',
         'portpicker~=1.6',

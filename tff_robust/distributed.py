@@ -31,13 +31,18 @@ relative ν sums a histogram before the mean); RFA, the γ-mean and secure
 centered clipping are sequences of dependent secure averages by nature: run them with
 `tff_robust.passwise`, which calls one single-aggregate computation per pass.
 
-Workers: `LocalWorkers` starts and stops worker binaries on this machine (tests,
-demos, one big machine). On several machines, start one worker per machine
-(`python -m tff_robust.distributed --port=8000`) and pass their `host:port`s. That
-command runs `tff_robust.worker_launcher` without importing TensorFlow (the binary
-listens within a second): it refuses a port already in use, prints one
-`listening on [::]:PORT ...` line once the port accepts connections, and exits non-zero
-if the worker cannot start.
+Workers: `LocalWorkers` starts and stops workers on this machine (tests, demos, one big
+machine), reachable from this machine only. On several machines, make the deployment's
+TLS credentials once (`python -m tff_robust.worker_credentials --out=DIR`), start one
+worker per machine (`python -m tff_robust.distributed --port=8000 --tls_cert=worker.pem
+--tls_key=worker.key --tls_client_ca=ca.pem`) and pass their `host:port`s with
+`credentials=DIR` (the driver's files). That command runs `tff_robust.worker_launcher`
+without importing TensorFlow: the worker_binary runs in a private network namespace
+behind a forwarder that accepts only drivers with the deployment's client certificate
+(mutual TLS); without credentials a worker accepts connections from this machine
+only, and a driver without credentials dials only workers on this machine. It refuses
+a port already in use, prints one `listening on HOST:PORT ...` line once the port
+accepts connections, and exits non-zero if the worker cannot start.
 """
 
 import sys
@@ -68,7 +73,10 @@ from tensorflow_federated.python.core.environments.tensorflow_frontend import (
     tensorflow_computation)
 
 from tff_robust import arguments
+from tff_robust import runtime
+from tff_robust import worker_credentials
 from tff_robust import worker_launcher
+from tff_robust import worker_network
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # gRPC's limit is a signed 32-bit length; TFF's own local context uses 2e9 too.
@@ -88,6 +96,7 @@ class WorkerError(RuntimeError):
 
 
 worker_binary_path = worker_launcher.worker_binary_path
+Credentials = worker_credentials.Credentials
 
 
 def parse_addresses(addresses) -> list[str]:
@@ -110,24 +119,102 @@ def parse_addresses(addresses) -> list[str]:
   return addresses
 
 
+def _host(address: str) -> str:
+  return address.rpartition(':')[0].strip('[]')
+
+
+def check_credentials_needed(addresses, credentials) -> None:
+  """A driver without credentials dials workers on this machine (loopback) only.
+
+  Raises:
+    ValueError: naming an address on the network, for `credentials` None.
+  """
+  if credentials is not None:
+    return
+  remote = [a for a in parse_addresses(addresses)
+            if not worker_network.is_loopback(_host(a))]
+  if remote:
+    raise ValueError(
+        f'Worker {remote[0]} is not on this machine: a worker on the network requires '
+        'credentials (mutual TLS). Make a deployment\'s files with `python -m '
+        'tff_robust.worker_credentials --out=DIR`, start each worker with '
+        '--tls_cert, --tls_key and --tls_client_ca, and pass credentials=DIR '
+        '(--worker_credentials=DIR).')
+
+
 def _channel_options(max_message_bytes: int):
   return [('grpc.max_message_length', max_message_bytes),
           ('grpc.max_send_message_length', max_message_bytes),
           ('grpc.max_receive_message_length', max_message_bytes)]
 
 
-def wait_until_ready(address: str, timeout: float) -> None:
-  """Blocks until a gRPC channel to `address` is ready.
+def make_channel(address: str, credentials: Optional[Credentials] = None,
+                 options=()) -> grpc.Channel:
+  """A gRPC channel to the worker at `address`: mutual TLS with `credentials` (the
+  driver's), else insecure (a worker on this machine)."""
+  options = list(options)
+  if credentials is None:
+    return grpc.insecure_channel(address, options)
+  return grpc.secure_channel(address, credentials.channel_credentials(),
+                             options + credentials.channel_options())
+
+
+# Words of a failed connection's gRPC details that mean the TLS handshake failed (a
+# certificate, a name or a protocol refused), not that nothing listens (yet).
+_HANDSHAKE_FAILURE_WORDS = ('ssl', 'tls', 'handshake', 'certificate', 'peer name',
+                            'alpn', 'socket closed', 'connection reset')
+
+
+def _connect_error(channel, deadline: float) -> str:
+  """The details of a call that fails at once, as the channel cannot connect."""
+  probe = channel.unary_unary('/tff_robust.Probe/Probe')
+  try:
+    probe(b'', wait_for_ready=False,
+          timeout=max(min(deadline - time.monotonic(), 10.0), 0.1))
+  except grpc.RpcError as e:
+    if isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.UNAVAILABLE:
+      return e.details() or ''
+  return ''
+
+
+def wait_until_ready(address: str, timeout: float,
+                     credentials: Optional[Credentials] = None) -> None:
+  """Blocks until a gRPC channel to `address` is ready (with `credentials`: its TLS
+  handshake succeeded).
 
   Raises:
-    WorkerError: after `timeout` seconds.
+    WorkerError: after `timeout` seconds; at once if the worker refused the TLS
+      handshake, or a driver without credentials met one that requires them.
   """
-  channel = grpc.insecure_channel(address)
+  channel = make_channel(address, credentials)
+  states = []
+  channel.subscribe(states.append, try_to_connect=True)
+  deadline = time.monotonic() + timeout
   try:
-    grpc.channel_ready_future(channel).result(timeout=timeout)
-  except grpc.FutureTimeoutError as e:
-    raise WorkerError(address, f'not reachable within {timeout:g} s.') from e
+    while True:
+      try:
+        grpc.channel_ready_future(channel).result(
+            timeout=min(max(deadline - time.monotonic(), 0.0), 1.0))
+        return
+      except grpc.FutureTimeoutError:
+        pass
+      details = ''
+      if grpc.ChannelConnectivity.TRANSIENT_FAILURE in states:
+        details = _connect_error(channel, deadline)
+        if any(word in details.lower() for word in _HANDSHAKE_FAILURE_WORDS):
+          if credentials is None:
+            hint = ('does the worker require credentials (started with --tls_*)? Pass '
+                    'credentials=DIR (--worker_credentials=DIR).')
+          else:
+            hint = ('are the driver\'s credentials and the worker\'s --tls_* files '
+                    'from the same deployment (`python -m tff_robust.'
+                    'worker_credentials`), and does the worker use TLS at all?')
+          raise WorkerError(address, f'refused the connection ({details}); {hint}')
+      if time.monotonic() >= deadline:
+        raise WorkerError(address, f'not reachable within {timeout:g} s' +
+                          (f' ({details}).' if details else '.'))
   finally:
+    channel.unsubscribe(states.append)
     channel.close()
 
 
@@ -256,10 +343,11 @@ class _WorkerContext:
   """One worker's channel, executor factory and async context."""
 
   def __init__(self, address: str, max_message_bytes: int, connect_timeout: float,
-               unavailable_timeout: float):
+               unavailable_timeout: float, credentials: Optional[Credentials]):
     self.address = address
-    wait_until_ready(address, connect_timeout)
-    self.channel = grpc.insecure_channel(address, _channel_options(max_message_bytes))
+    wait_until_ready(address, connect_timeout, credentials)
+    self.channel = make_channel(address, credentials,
+                                _channel_options(max_message_bytes))
     stub = _FailFastStub(address, self.channel, unavailable_timeout)
     self.stub = stub
 
@@ -299,9 +387,12 @@ class DistributedContext(tff.framework.SyncContext):
   A worker that cannot be reached for `unavailable_timeout` seconds makes `invoke`
   raise `WorkerError` naming it. `close()` frees this program's state on the workers
   and closes the channels (it does not stop the workers).
+
+  With `credentials` every channel is mutual TLS; without them, every worker must be
+  on this machine (a loopback address).
   """
 
-  def __init__(self, addresses, *,
+  def __init__(self, addresses, *, credentials=None,
                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
                unavailable_timeout: float = DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS):
@@ -309,6 +400,10 @@ class DistributedContext(tff.framework.SyncContext):
 
     Args:
       addresses: `host:port` of every worker, as a list or a comma-separated string.
+      credentials: the driver's TLS credentials: a `Credentials`
+        (`Credentials.driver(directory)`) or a directory that
+        `python -m tff_robust.worker_credentials` wrote; None: workers on this
+        machine only.
       max_message_bytes: gRPC message limit, > the largest value sent (a model, a
         client's dataset or update, a partial aggregate); at most 2^31 − 1.
       connect_timeout: seconds to wait for a worker at start; finite, > 0.
@@ -317,10 +412,14 @@ class DistributedContext(tff.framework.SyncContext):
 
     Raises:
       TypeError: for a limit of the wrong type (e.g. a float `max_message_bytes`).
-      ValueError: for bad addresses or limits.
-      WorkerError: naming a worker not reachable within `connect_timeout`.
+      ValueError: for bad addresses or limits, unreadable credentials, or a worker
+        not on this machine without credentials.
+      WorkerError: naming a worker not reachable within `connect_timeout`, or one
+        that refused the TLS handshake.
     """
     self.addresses = parse_addresses(addresses)
+    credentials = worker_credentials.as_driver_credentials(credentials)
+    check_credentials_needed(self.addresses, credentials)
     max_message_bytes = arguments.check_positive_int('max_message_bytes',
                                                      max_message_bytes)
     if max_message_bytes >= 2**31:  # gRPC's limit is a signed 32-bit length.
@@ -333,7 +432,8 @@ class DistributedContext(tff.framework.SyncContext):
     try:
       for address in self.addresses:
         self._workers.append(_WorkerContext(address, max_message_bytes,
-                                            connect_timeout, unavailable_timeout))
+                                            connect_timeout, unavailable_timeout,
+                                            credentials))
     except BaseException:
       self.close()
       raise
@@ -390,33 +490,47 @@ def distributed_execution(addresses, **kwargs):
 
 
 class LocalWorkers:
-  """Starts `num_workers` TFF worker_binary processes on this machine; a context
-  manager that always stops them (by pid) when the block ends.
+  """Starts `num_workers` workers on this machine, reachable from this machine only; a
+  context manager that always stops them (by pid) when the block ends.
 
     with LocalWorkers(2) as workers:
       with distributed_execution(workers.addresses): ...
 
-  Workers listen on free ports (or `ports`); they are reached at `host` (default
-  127.0.0.1). A port something already listens on is refused (`WorkerError` naming
-  it), and a worker counts as started once it accepts connections on its port and is
-  the only process listening there (`tff_robust.worker_launcher`, as
-  `python -m tff_robust.distributed` checks). Each worker's output goes to a log file
-  in `log_dir` (default a temporary directory), not to this process's stdout, so
-  `python x.py | tail` ends. The kernel also kills a worker if the starting Python
-  process dies (PR_SET_PDEATHSIG).
+  Each worker is `python -m tff_robust.worker_launcher` (`tff_robust.distributed`'s
+  worker command): its worker_binary runs in a private network namespace, and the
+  launcher forwards connections to it from a port on `host` (a loopback address,
+  default 127.0.0.1), with mutual TLS if `credentials` (the workers' side,
+  `Credentials.worker(directory)` or that directory) are given; the driver then
+  needs the driver's side. Workers listen on free ports (or `ports`). A port
+  something already listens on is refused (`WorkerError` naming it), and a worker
+  counts as started once it accepts connections on its port and is the only process
+  listening there. Each worker's output goes to a log file in `log_dir` (default a
+  temporary directory), not to this process's stdout, so `python x.py | tail` ends.
+  The kernel kills a launcher if the starting Python process dies, and its
+  worker_binary with it (PR_SET_PDEATHSIG).
 
   Attributes:
     addresses: `host:port` of every worker.
-    pids: their process ids.
+    pids: the launchers' process ids (each holds its worker's port).
+    binary_pids: their worker_binary processes' ids.
   """
 
   def __init__(self, num_workers: int, *, host: str = '127.0.0.1',
                ports: Optional[Sequence[int]] = None,
                max_message_megabytes: int = 10_000,
-               log_dir: Optional[str] = None, startup_timeout: float = 60.0):
+               log_dir: Optional[str] = None, startup_timeout: float = 60.0,
+               credentials=None):
     num_workers = arguments.check_positive_int('num_workers', num_workers)
     if ports is not None and len(ports) != num_workers:
       raise ValueError(f'Give {num_workers} ports, got {list(ports)}.')
+    if not worker_network.is_loopback(host):
+      raise ValueError(
+          f'LocalWorkers(host={host!r}): local workers listen on a loopback address '
+          'only. Workers for other machines are started there with `python -m '
+          'tff_robust.distributed --port=N` and the deployment\'s credentials.')
+    if credentials is not None and not isinstance(credentials, Credentials):
+      credentials = Credentials.worker(os.fspath(credentials))
+    self._credentials = credentials
     self._binary = worker_binary_path()
     self._requested = num_workers
     self._host = host
@@ -427,15 +541,21 @@ class LocalWorkers:
     self._startup_timeout = arguments.check_positive_float('startup_timeout',
                                                            startup_timeout)
     self._processes: list[Optional[subprocess.Popen]] = []
+    self._binaries: list[list[int]] = []
     self._logs: list[str] = []
 
   @property
   def addresses(self) -> list[str]:
-    return [f'{self._host}:{port}' for port in self._ports or []]
+    host = f'[{self._host}]' if ':' in self._host else self._host
+    return [f'{host}:{port}' for port in self._ports or []]
 
   @property
   def pids(self) -> list[int]:
     return [p.pid for p in self._processes if p is not None]
+
+  @property
+  def binary_pids(self) -> list[int]:
+    return [pid for pids in self._binaries for pid in pids]
 
   def log_path(self, index: int) -> str:
     return self._logs[index]
@@ -466,6 +586,7 @@ class LocalWorkers:
     if self._ports is None:
       self._ports = [portpicker.pick_unused_port() for _ in range(self._num())]
     self._processes = [None] * len(self._ports)
+    self._binaries = [[] for _ in self._ports]
     self._logs = [os.path.join(self._log_dir, f'worker_{i}_{port}.log')
                   for i, port in enumerate(self._ports)]
     for index in range(len(self._ports)):
@@ -481,15 +602,20 @@ class LocalWorkers:
       worker_launcher.check_port_free(self._ports[index])
     except worker_launcher.PortInUseError as e:
       raise WorkerError(self.addresses[index], str(e)) from None
+    command = [sys.executable, '-m', 'tff_robust.worker_launcher',
+               f'--port={self._ports[index]}', f'--listen_host={self._host}',
+               f'--grpc_max_message_length_megabytes={self._max_megabytes}']
+    if self._credentials is not None:
+      command += self._credentials.launcher_flags()
     with open(self._logs[index], 'ab') as log:
       self._processes[index] = worker_launcher.start_worker(
-          self._binary, [f'--port={self._ports[index]}',
-                         f'--grpc_max_message_length_megabytes={self._max_megabytes}'],
-          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+          command[0], command[1:], stdin=subprocess.DEVNULL, stdout=log,
+          stderr=subprocess.STDOUT)
 
   def _wait_ready(self, index: int) -> None:
     process = self._processes[index]
     try:
+      # The launcher listens once its worker_binary does.
       worker_launcher.wait_until_listening(process, self._ports[index],
                                            timeout=self._startup_timeout,
                                            host=self._host)
@@ -499,6 +625,7 @@ class LocalWorkers:
       process.wait()
       raise WorkerError(self.addresses[index], f'{e} Log {self._logs[index]}:\n'
                         f'{self._tail(index)}') from None
+    self._binaries[index] = runtime.worker_binaries(process.pid)
 
   def _tail(self, index: int, lines: int = 20) -> str:
     try:
@@ -507,12 +634,22 @@ class LocalWorkers:
     except OSError:
       return ''
 
+  def _wait_gone(self, index: int) -> None:
+    """Waits until worker `index`'s worker_binary has exited (the kernel kills it when
+    its launcher dies; it is not this process's child to reap)."""
+    for pid in self._binaries[index]:
+      while os.path.exists(f'/proc/{pid}') and not _zombie(pid):
+        time.sleep(0.01)
+    self._binaries[index] = []
+
   def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
-    """Sends `sig` to worker `index` and reaps it (simulates a crashed machine)."""
+    """Sends `sig` to worker `index`'s launcher and reaps it (SIGKILL simulates a
+    crashed machine: the kernel kills its worker_binary too)."""
     process = self._processes[index]
     if process is not None and process.poll() is None:
       process.send_signal(sig)
       process.wait()
+    self._wait_gone(index)
 
   def restart(self, index: int) -> None:
     """Starts worker `index` again on its port (after `kill` or a crash)."""
@@ -532,5 +669,14 @@ class LocalWorkers:
       except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    for index in range(len(self._binaries)):
+      self._wait_gone(index)
     self._processes = []
 
+
+def _zombie(pid: int) -> bool:
+  try:
+    with open(f'/proc/{pid}/stat', 'rb') as f:
+      return f.read().rsplit(b')', 1)[1].split()[0] == b'Z'
+  except OSError:
+    return True

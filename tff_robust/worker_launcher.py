@@ -1,21 +1,32 @@
-"""Starts one TFF `worker_binary` without importing TensorFlow; says when it listens.
+"""Starts one TFF `worker_binary` without importing TensorFlow, behind a forwarder that
+is the only way to it; says when it listens.
 
-`python -m tff_robust.distributed --port=8000` runs `main` (standard library only: the
+`python -m tff_robust.distributed --port=8000 [--tls_cert=worker.pem --tls_key=worker.key
+--tls_client_ca=ca.pem] [--listen_host=HOST]` runs `main` (standard library only: the
 package's `__init__` loads its modules lazily, so nothing imports TensorFlow): it
 
-1.  refuses a port that something already listens on. gRPC binds with SO_REUSEPORT, so
+1.  checks its flags. Without the three --tls_* flags the worker accepts connections
+    from this machine only (127.0.0.1); a worker on the network must require
+    credentials, so a --listen_host other than loopback without them is an error
+    (status 2). With them, it listens on every interface (or --listen_host) and accepts
+    only TLS clients with a certificate signed by --tls_client_ca for client use (make
+    a deployment's files with `python -m tff_robust.worker_credentials`);
+2.  refuses a port that something already listens on (gRPC binds with SO_REUSEPORT, so
     a second worker_binary on a used port would start silently and the kernel would
-    split new connections between the two; and a worker_binary that cannot bind exits
-    with status 0. Both end here with a message naming the port and a non-zero status;
-2.  starts the worker_binary shipped in the TFF package (found without importing TFF),
-    its output to this process's, the kernel killing it if this process dies;
-3.  connects to the port until it accepts, checks that every socket listening there is
-    the worker's own (Linux: `/proc/net/tcp*`), and prints one line
-    `listening on [::]:PORT ...` to stdout;
-4.  passes SIGINT, SIGTERM and SIGHUP on to the worker and exits when it does.
+    split new connections between the two), and binds it itself;
+3.  moves into a private network namespace (`tff_robust.worker_network`: only a
+    loopback interface, nothing outside can address it) and starts the worker_binary
+    shipped in the TFF package there (found without importing TFF), its output to this
+    process's, the kernel killing it if this process dies. Where the kernel allows no
+    such namespace the worker is not started (status 1, saying how to allow one);
+4.  connects to the binary in the private network until it accepts, checks that every
+    socket listening there is the binary's own, starts listening on the public port,
+    forwarding each accepted (with TLS: authenticated) connection to the binary, and
+    prints one line `listening on HOST:PORT ...` to stdout;
+5.  passes SIGINT, SIGTERM and SIGHUP on to the worker and exits when it does.
 
-`tff_robust.distributed.LocalWorkers` uses `check_port_free` and `wait_until_listening`
-for the workers it starts.
+The other flags go to the worker_binary. `tff_robust.distributed.LocalWorkers` starts
+its workers with this command.
 """
 
 import errno
@@ -28,11 +39,21 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from tff_robust import worker_network
+
 DEFAULT_PORT = 10000  # worker_binary's own default for --port.
 _PR_SET_PDEATHSIG = 1
 _TCP_LISTEN = '0A'
 # Flags that could set --port where this launcher does not see it.
 _INDIRECT_FLAGS = ('flagfile', 'fromenv', 'tryfromenv')
+# The launcher's own flags (not passed to the worker_binary).
+TLS_FLAGS = ('tls_cert', 'tls_key', 'tls_client_ca')
+_OWN_FLAGS = TLS_FLAGS + ('listen_host',)
+_NO_CREDENTIALS = (
+    'a worker reachable from the network must require credentials: give --tls_cert, '
+    '--tls_key and --tls_client_ca (make a deployment\'s files with `python -m '
+    'tff_robust.worker_credentials --out=DIR`), or leave --listen_host out to accept '
+    'connections from this machine only (127.0.0.1).')
 
 
 class WorkerStartError(RuntimeError):
@@ -206,6 +227,53 @@ def parse_port(args: Sequence[str]) -> int:
   return int(port)
 
 
+def split_flags(args: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+  """The launcher's own flags (`--name=value` or `--name value`) and the rest, for the
+  worker_binary.
+
+  Raises:
+    ValueError: for an own flag without a value, or given twice.
+  """
+  own, rest, args, i = {}, [], list(args), 0
+  while i < len(args):
+    arg = args[i]
+    name, has_value, value = arg.lstrip('-').partition('=')
+    if arg.startswith('-') and name in _OWN_FLAGS:
+      if not has_value:
+        if i + 1 >= len(args) or args[i + 1].startswith('-'):
+          raise ValueError(f'{arg}: give a value (--{name}=...).')
+        value, i = args[i + 1], i + 1
+      if not value:
+        raise ValueError(f'{arg}: give a value (--{name}=...).')
+      if name in own:
+        raise ValueError(f'--{name} is given twice.')
+      own[name] = value
+    else:
+      rest.append(arg)
+    i += 1
+  return own, rest
+
+
+def listen_settings(own: dict[str, str]) -> tuple[str, Optional[tuple[str, str, str]]]:
+  """(address to listen on, (cert, key, client CA) or None) from the own flags.
+
+  Raises:
+    ValueError: some but not all --tls_* flags, or a --listen_host other than
+      loopback without them.
+  """
+  given = [name for name in TLS_FLAGS if name in own]
+  if given and len(given) != len(TLS_FLAGS):
+    missing = ', '.join(f'--{n}' for n in TLS_FLAGS if n not in own)
+    raise ValueError(f'give all of --tls_cert, --tls_key and --tls_client_ca (missing '
+                     f'{missing}): the worker accepts only drivers with a client '
+                     'certificate of the deployment.')
+  tls = tuple(own[n] for n in TLS_FLAGS) if given else None
+  host = own.get('listen_host', '::' if tls else '127.0.0.1')
+  if tls is None and not worker_network.is_loopback(host):
+    raise ValueError(f'--listen_host={host} without credentials: {_NO_CREDENTIALS}')
+  return host, tls
+
+
 def _die_with_parent():
   # Runs in the child before exec: the kernel kills the worker when the process that
   # started it dies, even by SIGKILL.
@@ -226,6 +294,22 @@ def _error(message: str) -> None:
   print(f'tff_robust worker: ERROR: {message}', file=sys.stderr, flush=True)
 
 
+def _shown(host: str, port: int) -> str:
+  return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
+
+
+def _listening_line(host: str, port: int, tls, binary_pid: int) -> str:
+  if tls is None:
+    return (f'listening on {_shown(host, port)} (this machine only: no TLS '
+            f'credentials), worker_binary pid {binary_pid}; drivers on this machine '
+            f'reach it at {_shown(host, port)}')
+  scope = 'all interfaces' if host in ('::', '0.0.0.0') else 'one address'
+  where = socket.gethostname() if host in ('::', '0.0.0.0') else host
+  return (f'listening on {_shown(host, port)} ({scope}; TLS, drivers need a client '
+          f'certificate signed by {tls[2]}), worker_binary pid {binary_pid}; drivers '
+          f'reach it at {_shown(where, port)} with the deployment\'s credentials')
+
+
 def main(argv: Sequence[str]) -> int:
   """Runs one worker in the foreground (module docstring); returns the exit status."""
   args = list(argv[1:])
@@ -238,13 +322,30 @@ def main(argv: Sequence[str]) -> int:
          for a in args if a.startswith('-')):
     os.execv(binary, [binary, *args])  # Its own help; nothing listens.
   try:
+    own, args = split_flags(args)
+    host, tls = listen_settings(own)
     port = parse_port(args)
-    check_port_free(port)
+    ssl_context = (worker_network.server_ssl_context(*tls) if tls is not None
+                   else None)
   except ValueError as e:
     _error(str(e))
     return 2
+  try:
+    check_port_free(port)
+    listener = worker_network.bind_listener(host, port)
   except PortInUseError as e:
     _error(str(e))
+    return 1
+  except OSError as e:
+    if e.errno == errno.EADDRINUSE:
+      _error(_in_use_message(port, _describe_owners(_listening_sockets(port) or {})))
+    else:
+      _error(f'cannot listen on {_shown(host, port)}: {e.strerror or e}.')
+    return 1
+  try:
+    worker_network.enter_private_network()
+  except worker_network.IsolationError as e:
+    _error(e.strerror)
     return 1
   process = start_worker(binary, args)
   forwarded = []
@@ -261,7 +362,11 @@ def main(argv: Sequence[str]) -> int:
     if signal.getsignal(signum) != signal.SIG_IGN:  # Ignored (nohup, `&`): stays so.
       signal.signal(signum, forward)
   try:
+    # In the private network: the binary on its loopback.
     wait_until_listening(process, port)
+    listener.listen(128)
+    worker_network.Forwarder(listener, port, ssl_context,
+                             on_failure=lambda error: process.kill()).start()
   except WorkerStartError as e:
     if process.poll() is None:
       process.kill()
@@ -270,8 +375,7 @@ def main(argv: Sequence[str]) -> int:
       return 128 + forwarded[0]
     _error(str(e))
     return 1
-  print(f'listening on [::]:{port} (all interfaces), worker_binary pid {process.pid}; '
-        f'drivers reach it at {socket.gethostname()}:{port}', flush=True)
+  print(_listening_line(host, port, tls, process.pid), flush=True)
   status = process.wait()
   if status < 0:
     if -status not in forwarded:

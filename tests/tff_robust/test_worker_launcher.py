@@ -80,7 +80,8 @@ def worker(tmp_path):
 def test_the_worker_prints_its_listening_line_without_importing_tensorflow(worker):
   port = portpicker.pick_unused_port()
   w = worker(port, '-X', 'importtime')
-  assert w.line.startswith(f'listening on [::]:{port} '), w.stderr_path.read_text()
+  assert w.line.startswith(f'listening on 127.0.0.1:{port} (this machine only'), (
+      w.stderr_path.read_text())
   socket.create_connection(('127.0.0.1', port), timeout=_HANG).close()
   # The launcher's import statements (the binary writes no `import time:` lines;
   # importlib.import_module, as the package's lazy names use, writes none either).
@@ -106,17 +107,19 @@ def test_the_worker_prints_its_listening_line_without_importing_tensorflow(worke
 def test_a_second_worker_on_a_used_port_fails_naming_the_port(worker):
   port = portpicker.pick_unused_port()
   first = worker(port)
-  assert first.line.startswith(f'listening on [::]:{port} ')
+  assert first.line.startswith(f'listening on 127.0.0.1:{port} ')
   second = subprocess.run(_worker_command(port), cwd=_REPO, capture_output=True,
                           text=True, timeout=_HANG, env=processes.quiet_env())
   assert second.returncode == 1, second.stderr
   assert f'port {port} is already in use' in second.stderr
-  assert f'pid {first.binary_pid}: worker_binary' in second.stderr
+  # The first worker's launcher holds the port (its worker_binary is in a private
+  # network).
+  assert f'pid {first.process.pid}: python' in second.stderr
   assert 'pass another --port' in second.stderr
   assert 'listening' not in second.stdout
   # The first worker still listens, alone.
   assert set(worker_launcher._listening_sockets(port)) <= (  # pylint: disable=protected-access
-      worker_launcher._socket_inodes(first.binary_pid))  # pylint: disable=protected-access
+      worker_launcher._socket_inodes(first.process.pid))  # pylint: disable=protected-access
   assert first.process.poll() is None
 
 
@@ -168,21 +171,37 @@ def test_a_process_that_exits_before_listening_is_an_error_with_its_status():
     worker_launcher.wait_until_listening(quitter, port)
 
 
-def test_a_binary_sharing_its_port_with_another_worker_is_found():
-  # A second worker_binary binds a used port without complaint (SO_REUSEPORT); the
-  # check after it listens finds the other process's socket.
-  with distributed.LocalWorkers(1) as first:
-    port = int(first.addresses[0].rsplit(':', 1)[1])
-    second = worker_launcher.start_worker(
-        worker_launcher.worker_binary_path(), [f'--port={port}'],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-      with pytest.raises(worker_launcher.PortInUseError,
-                         match=f'port {port} is already in use .pid {first.pids[0]}'):
-        worker_launcher.wait_until_listening(second, port, timeout=_HANG)
-    finally:
-      second.kill()
-      second.wait()
+# Listens on argv[1] with SO_REUSEPORT, as the worker_binary does; says so.
+_REUSEPORT_LISTENER = (
+    'import socket, sys\n'
+    's = socket.socket()\n'
+    's.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n'
+    's.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()\n'
+    'print("listening", flush=True); sys.stdin.read()\n')
+
+
+def test_a_process_sharing_its_port_with_another_is_found():
+  # A second worker_binary would bind a used port without complaint (SO_REUSEPORT);
+  # the check after it listens finds the other process's socket. (Here two stand-ins
+  # bind like it: a worker_binary now only listens in its own private network.)
+  port = portpicker.pick_unused_port()
+  listeners = []
+  try:
+    for _ in range(2):
+      listeners.append(subprocess.Popen(
+          [sys.executable, '-c', _REUSEPORT_LISTENER, str(port)],
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+      assert listeners[-1].stdout.readline() == 'listening\n'
+    first, second = listeners
+    with pytest.raises(worker_launcher.PortInUseError,
+                       match=f'port {port} is already in use .pid {first.pid}'):
+      worker_launcher.wait_until_listening(second, port, timeout=_HANG)
+  finally:
+    for listener in listeners:
+      listener.kill()
+      listener.wait()
+      listener.stdin.close()
+      listener.stdout.close()
 
 
 def test_local_workers_refuse_a_port_in_use():
