@@ -2,6 +2,12 @@
 
 `build_task('emnist', 'linear', source='bundled')` returns a `tasks.builders.Task`.
 `known_tasks()` lists the valid (task, model, source, data attack) names for binaries.
+
+A task of your own is a `Task` too (its docstring is the protocol; docs/tasks.md):
+`Task.from_keras(name, keras_model_fn, train_data, test_data)` builds one from a Keras
+model constructor and `tff.simulation.datasets.ClientData`, `check_task` checks one,
+and `load_task('package.module:function')` builds one by import path, as the
+binaries' `--task=package.module:function` does (`user_tasks`).
 """
 
 import dataclasses
@@ -11,8 +17,13 @@ from typing import Optional
 from tasks.builders import emnist
 from tasks.builders import sent140
 from tasks.builders import shakespeare
+from tasks.builders import user_tasks
+from tasks.builders.task import check_task
 from tasks.builders.task import ClientSpec
 from tasks.builders.task import Task
+from tasks.builders.task import TaskError
+from tasks.builders.user_tasks import is_import_path
+from tasks.builders.user_tasks import load_task
 
 _MODULES = {'emnist': emnist, 'shakespeare': shakespeare, 'sent140': sent140}
 

@@ -4,7 +4,6 @@ import dataclasses
 from typing import Callable, Mapping, Optional
 
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tasks.builders import data_utils
 from tasks.builders import models
@@ -26,15 +25,8 @@ def make_task(name: str, keras_model_fn: Callable[[], tf.keras.Model],
   train_data = train_data.subset(client_ids)
   test_ids = [c for c in client_ids if c in set(test_data.client_ids)]
   test_data = test_data.subset(test_ids)
-  x_spec, y_spec = train_data.element_type_structure
-  input_spec = (tf.TensorSpec([None, *x_spec.shape], x_spec.dtype),
-                tf.TensorSpec([None, *y_spec.shape], y_spec.dtype))
-
-  def model_fn() -> tff.learning.models.VariableModel:
-    return tff.learning.models.from_keras_model(
-        keras_model_fn(), loss=models.loss_fn(), input_spec=input_spec,
-        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
-
+  model_fn = task_lib.tff_model_fn(keras_model_fn, train_data.element_type_structure,
+                                   models.loss_fn)
   return task_lib.Task(
       name=name, keras_model_fn=keras_model_fn, model_fn=model_fn,
       loss_fn=models.loss_fn, train_data=train_data, test_data=test_data,

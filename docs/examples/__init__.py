@@ -1,0 +1,1 @@
+"""Runnable examples of the documentation pages (docs/tasks.md)."""
