@@ -14,6 +14,9 @@ says what a selected client computes:
 
 `WorkerMomentumClientWork` wraps any variant: clients send a momentum of their updates
 kept across rounds (`client_work_from_name(..., worker_momentum=β)`).
+`ProcessClientWork` makes any `tff.learning.templates.ClientWorkProcess` a variant
+(FedAvg's is TFF's model-delta client work); `tasks.simulation.rounds.Round` takes
+either.
 
 Personal state (Ditto's v_k, Algorithm 4's u_i) stays in the variant's state and never
 reaches the aggregator. It is a fixed tree (client ids + one stacked array per variable)
@@ -24,7 +27,7 @@ because `tff.program.FileProgramStateManager.load` needs the saved structure to 
 
 import collections
 import dataclasses
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -74,60 +77,118 @@ class ClientWork(Protocol):
     ...
 
 
-class FedAvgClientWork:
+class ProcessClientWork:
+  """Any `tff.learning.templates.ClientWorkProcess` as a client-work variant: the
+  clients' results reach Python one per client, for the attacks to act on.
+
+  The process's `next` runs in one TFF computation for the whole round whose results
+  stay at CLIENTS (`tasks.simulation.rounds.Round` wraps a process given to it in
+  this). Its state (for TFF's own client works, the optimizer's hyperparameters) is
+  this variant's state; a round's `learning_rate`, when given, is written into its
+  hyperparameters (`set_hparams`), so nothing is re-traced per round.
+
+  Round metrics: `train_loss`, `train_accuracy` (the process's `train` measurements
+  `loss` and `sparse_categorical_accuracy`, NaN when it has none); `measurements`
+  of the last `train` call holds all of them.
+  """
+
+  def __init__(self, process: tff.learning.templates.ClientWorkProcess):
+    if not isinstance(process, tff.learning.templates.ClientWorkProcess):
+      raise TypeError('process must be a tff.learning.templates.ClientWorkProcess '
+                      '(e.g. tff.learning.templates.build_model_delta_client_work(...)), '
+                      f'got {type(process).__name__}.')
+    self._process = process
+    state_type = process.initialize.type_signature.result
+    weights_type = process.next.type_signature.parameter[1].member
+    data_type = process.next.type_signature.parameter[2]
+
+    @tff.federated_computation(state_type, tff.FederatedType(weights_type, tff.SERVER),
+                               data_type)
+    def client_step(client_state, server_weights, client_data):
+      output = process.next(client_state, tff.federated_broadcast(server_weights),
+                            client_data)
+      return (output.result.update, output.result.update_weight,
+              output.measurements, output.state)
+
+    self._client_step = client_step
+    self.model_weights_type = weights_type
+    self.measurements = None
+
+  @property
+  def process(self) -> tff.learning.templates.ClientWorkProcess:
+    return self._process
+
+  def initial_state(self) -> Any:
+    return self._process.initialize()
+
+  def with_learning_rate(self, state: Any, learning_rate: Optional[float]) -> Any:
+    """`state` with the client optimizer's learning rate set (unchanged for None)."""
+    if learning_rate is None:
+      return state
+    rate = np.float32(learning_rate)
+    if isinstance(state, Mapping) and 'learning_rate' in state:
+      # TFF's own client works: the state is the optimizer's hyperparameters.
+      state = collections.OrderedDict(state)
+      state['learning_rate'] = rate
+      return state
+    if (self._process.get_hparams is not None and
+        self._process.set_hparams is not None):
+      hparams = self._process.get_hparams(state)
+      if isinstance(hparams, Mapping) and 'learning_rate' in hparams:
+        hparams = collections.OrderedDict(hparams)
+        hparams['learning_rate'] = rate
+        return self._process.set_hparams(state, hparams)
+    raise ValueError('This client work has no learning_rate hyperparameter to set per '
+                     'round; pass learning_rate=None (its optimizer keeps its own).')
+
+  def train(self, state, model_weights, client_ids, client_dataset, learning_rate):
+    state = self.with_learning_rate(state, learning_rate)
+    datasets = [client_dataset(c) for c in client_ids]
+    updates, weights, measurements, new_state = self._client_step(
+        state, model_weights, datasets)
+    self.measurements = measurements
+    return ClientOutputs(updates=list(updates), weights=np.asarray(weights, np.float32),
+                         metrics=_train_metrics(measurements), state=new_state)
+
+  def evaluate(self, state, trainable, client_ids) -> Metrics:
+    del state, trainable, client_ids
+    return Metrics()
+
+
+def _train_metrics(measurements) -> Metrics:
+  train = measurements.get('train', {}) if isinstance(measurements, Mapping) else {}
+  return Metrics(train_loss=float(train.get('loss', float('nan'))),
+                 train_accuracy=float(train.get('sparse_categorical_accuracy',
+                                                float('nan'))))
+
+
+class FedAvgClientWork(ProcessClientWork):
   """FedAvg's client update: TFF's own model-delta client work (local SGD; the update is
   the model delta, the weight the number of examples, a non-finite delta weight 0).
 
-  Runs as one TFF computation for the whole round whose results stay at CLIENTS, so they
-  reach Python as one update and weight per client, for the attacks to act on. The
-  round's client learning rate is written into the client work's state (TFF 0.87's
-  `ClientWorkProcess` state *is* the optimizer's hyperparameters), so nothing is
-  re-traced per round.
+  A `ProcessClientWork` of `tff.learning.templates.build_model_delta_client_work`
+  that keeps no state between rounds (its hyperparameters are set from the round's
+  client learning rate).
 
   Round metrics: `train_loss`, `train_accuracy` (TFF's `client_work/train` metrics, on
   poisoned data for data-poisoned clients).
   """
 
   def __init__(self, task: task_lib.Task):
-    with tf.Graph().as_default():
-      weights_type = tff.learning.models.weights_type_from_model(task.model_fn())
     # The learning rate here is a placeholder: `train` sets the round's rate.
-    client_work = tff.learning.templates.build_model_delta_client_work(
+    super().__init__(tff.learning.templates.build_model_delta_client_work(
         task.model_fn, tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-        tff.learning.ClientWeighting.NUM_EXAMPLES)
-    self._hparams = client_work.initialize()
-    state_type = client_work.initialize.type_signature.result
-    data_type = client_work.next.type_signature.parameter[2]
-
-    @tff.federated_computation(state_type, tff.FederatedType(weights_type, tff.SERVER),
-                               data_type)
-    def client_step(client_state, server_weights, client_data):
-      output = client_work.next(client_state, tff.federated_broadcast(server_weights),
-                                client_data)
-      return (output.result.update, output.result.update_weight,
-              output.measurements)
-
-    self._client_step = client_step
+        tff.learning.ClientWeighting.NUM_EXAMPLES))
+    self._hparams = self._process.initialize()
 
   def initial_state(self) -> None:
     return None
 
   def train(self, state, model_weights, client_ids, client_dataset, learning_rate):
-    hparams = collections.OrderedDict(self._hparams)
-    hparams['learning_rate'] = np.float32(learning_rate)
-    datasets = [client_dataset(c) for c in client_ids]
-    updates, weights, measurements = self._client_step(hparams, model_weights, datasets)
-    train = measurements['train']
-    return ClientOutputs(
-        updates=list(updates), weights=np.asarray(weights, np.float32),
-        metrics=Metrics(train_loss=float(train['loss']),
-                        train_accuracy=float(train.get('sparse_categorical_accuracy',
-                                                       float('nan')))),
-        state=state)
-
-  def evaluate(self, state, trainable, client_ids) -> Metrics:
-    del state, trainable, client_ids
-    return Metrics()
+    outputs = super().train(self._hparams, model_weights, client_ids, client_dataset,
+                            learning_rate)
+    outputs.state = state
+    return outputs
 
 
 # Tracing the client work takes seconds and a sweep runs dozens of simulations of one

@@ -6,8 +6,9 @@ run (`attacks.select_corrupted_clients`), the clients of a round are sampled her
 corrupted clients train on poisoned data or have their updates replaced here, and the
 model is always evaluated on clean test data.
 
-One round of `Simulation` (the pieces of `tff.learning.algorithms.build_weighted_fed_avg`,
-called one at a time so the harness can reach the per-client updates):
+One round of `Simulation` is one `tasks.simulation.rounds.Round` (the pieces of
+`tff.learning.algorithms.build_weighted_fed_avg`, called one at a time so the harness
+can reach the per-client updates; public, for any TFF learning setup):
 
 1. The client-work variant (`tasks.simulation.client_work`: FedAvg's local SGD, Ditto or
    personalized RFA) trains the round's clients from the server model and returns one
@@ -34,12 +35,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tasks import registry
 from tasks.builders import task as task_lib
 from tasks.simulation import attacks
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import evaluation
-from tasks.simulation import gathered
+from tasks.simulation import rounds
 
 Metrics = collections.OrderedDict
 
@@ -102,18 +102,8 @@ def _is_array_like(value) -> bool:
   return bool(value) and all(np.isscalar(v) for v in value)
 
 
-def all_finite(structure: Any) -> bool:
-  """True when every floating-point leaf of `structure` is finite."""
-  for leaf in tf.nest.flatten(structure):
-    array = np.asarray(leaf)
-    if array.dtype.kind == 'f' and not np.all(np.isfinite(array)):
-      return False
-  return True
-
-
-class NonFiniteUpdatesError(RuntimeError):
-  """Too few clients of a round sent a finite update of weight > 0 for an aggregator
-  with a condition on their number (Krum's n > 2f + 2): the model has diverged."""
+all_finite = rounds.all_finite
+NonFiniteUpdatesError = rounds.NonFiniteUpdatesError
 
 
 class Simulation:
@@ -173,6 +163,8 @@ class Simulation:
       max_personal_eval_clients: Give the variant's evaluation at most this many
         benign clients (a fixed random subset); None: all.
     """
+    task_lib.check_task(task, 'the task of the simulation',
+                        reserved_attack_names=attacks.known_attacks())
     known = attacks.known_attacks(tuple(task.data_attacks))
     if attack not in known:
       raise ValueError(f'Unknown attack {attack!r} for task {task.name}; known: '
@@ -195,17 +187,13 @@ class Simulation:
     self._client_work = client_work or client_work_lib.fedavg_client_work(task)
     with tf.Graph().as_default():
       weights_type = tff.learning.models.weights_type_from_model(task.model_fn())
-    self._aggregator_factory = aggregator_factory
-    self._aggregation = aggregator_factory.create(weights_type.trainable,
-                                                  tff.TensorType(np.float32))
-    # A gathering baseline runs its server step on the updates held here
-    # (`tasks.simulation.gathered`): O(n·p) memory instead of TFF's ~8 copies.
-    self._aggregate = (
-        gathered.in_process_aggregation(aggregator_factory, weights_type.trainable)
-        or self._aggregation.next)
-    self._finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
+    self._round = rounds.Round(
+        self._client_work, aggregator_factory,
         server_optimizer or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-        weights_type)
+        model_weights_type=weights_type)
+    self._aggregation = self._round.aggregation
+    self._aggregate = self._round.aggregate
+    self._loss = task.loss_fn()
     self._test_dataset = task.centralized_test_dataset(max_examples=eval_max_examples)
     self._eval_client_ids = self._benign_eval_clients(max_personal_eval_clients)
 
@@ -213,15 +201,9 @@ class Simulation:
     # The paper's w⁽⁰⁾ is Keras' glorot-uniform initialization; seeded per run.
     set_random_seed(self._seed)
     keras_model = self._task.keras_model_fn()
-    state = collections.OrderedDict(model=collections.OrderedDict(
+    return self._round.initialize(tff.learning.models.ModelWeights(
         trainable=[v.numpy() for v in keras_model.trainable_variables],
         non_trainable=[v.numpy() for v in keras_model.non_trainable_variables]))
-    client_state = self._client_work.initial_state()
-    if client_state is not None:
-      state['client_work'] = client_state
-    state['aggregator'] = self._aggregation.initialize()
-    state['server_optimizer'] = self._finalizer.initialize()
-    return state
 
   def sample_clients(self, round_num: int) -> list[str]:
     """The clients of round `round_num` (a function of the seed and the round only)."""
@@ -242,85 +224,31 @@ class Simulation:
                                        self._data_attack if poisoned else None)
 
     learning_rate = self._schedule(round_num)
-    weights = _model_weights(state['model'])
-    trained = self._client_work.train(state.get('client_work'), weights, client_ids,
-                                      client_dataset, learning_rate)
-    # Only `updates` holds them from here on: a gathering baseline's in-process step
-    # drops each update once copied into its matrix, so they are not held twice.
-    updates, trained.updates = trained.updates, None
-    if self._update_attack is not None:
-      updates = self._update_attack(updates, trained.weights, corrupted,
-                                    np.random.default_rng([self._seed, round_num, 1]))
-    self._check_num_clients(client_ids, updates, trained.weights, round_num)
-    aggregate = self._aggregate(state['aggregator'], updates,
-                                [np.float32(w) for w in trained.weights])
-    applied = self._finalizer.next(state['server_optimizer'], weights,
-                                   aggregate.result)
-
-    new_state = collections.OrderedDict(model=collections.OrderedDict(
-        trainable=list(applied.result.trainable),
-        non_trainable=list(applied.result.non_trainable)))
-    if trained.state is not None:
-      new_state['client_work'] = trained.state
-    new_state['aggregator'] = aggregate.state
-    new_state['server_optimizer'] = applied.state
-    measurements = flatten_metrics(aggregate.measurements)
-    metrics = Metrics(trained.metrics)
+    try:
+      output = self._round.next(
+          state, client_dataset, client_ids=client_ids, attack=self._update_attack,
+          corrupted=corrupted, rng=np.random.default_rng([self._seed, round_num, 1]),
+          learning_rate=learning_rate, keep_updates=False)
+    except rounds.NonFiniteUpdatesError as e:
+      raise NonFiniteUpdatesError(f'Round {round_num}: {e}') from e.__cause__
+    measurements = flatten_metrics(output.measurements['aggregator'])
+    metrics = Metrics(output.client_metrics)
     metrics.update(
-        num_examples=int(np.sum(trained.weights)),
+        num_examples=int(np.sum(output.weights)),
         num_clients=len(client_ids),
         num_corrupted_clients=int(corrupted.sum()),
         client_learning_rate=learning_rate,
         secure_average_calls=int(measurements.get('num_secure_average_calls', 1)))
     metrics.update((f'aggregator/{k}', v) for k, v in measurements.items())
-    metrics.update((f'server_optimizer/{k}', v)
-                   for k, v in flatten_metrics(applied.measurements).items())
-    return new_state, metrics
-
-  def _check_num_clients(self, client_ids, updates, weights, round_num: int) -> None:
-    """Fails the round before aggregating when the aggregator cannot take its clients
-    (Krum's n > 2f + 2; named in Python rather than as TFF's gRPC INTERNAL error): a
-    ValueError when it cannot take the sampled clients at all, a
-    `NonFiniteUpdatesError` when it could but too few sent a usable update. A rule
-    without such a condition aggregates whatever is usable; with nothing usable its
-    aggregate is not finite and TFF's finalizer keeps the model, as in
-    `build_weighted_fed_avg`."""
-    registry.check_num_clients(self._aggregator_factory, len(updates))
-    usable = sum(1 for u, w in zip(updates, weights)
-                 if w > 0 and np.isfinite(w) and all_finite(u))
-    try:
-      registry.check_num_clients(self._aggregator_factory, usable)
-    except ValueError as e:
-      unusable = [c for c, u, w in zip(client_ids, updates, weights)
-                  if not (w > 0 and np.isfinite(w) and all_finite(u))]
-      raise NonFiniteUpdatesError(
-          f'Round {round_num}: only {usable} of {len(updates)} clients sent a finite '
-          f'update of weight > 0. {self._why_unusable(unusable)} '
-          f'{str(e).split(";")[0]}.') from e
-
-  def _why_unusable(self, unusable: list[str]) -> str:
-    """Why the `unusable` clients sent no finite update of weight > 0, and the fix:
-    faults the update attack injected, or local training that overflowed from a
-    diverged model."""
-    names = ', '.join(unusable)
-    if self._update_attack is not None and self.corrupted_clients.issuperset(
-        unusable):
-      # Not a divergence: the attack's faults were filtered out as they should be,
-      # and too few clients are left for the aggregator's condition.
-      return (f'Clients {names} (corrupted by the {self._attack} attack) sent '
-              'non-finite updates and were dropped, leaving too few for the '
-              'aggregator: sample more clients per round or assume fewer corrupted '
-              'ones.')
-    # TFF's client work sends a non-finite delta with weight 0: local training
-    # overflowed from a blown-up model, and every later round would repeat it.
-    return (f'Clients {names} sent non-finite updates or weight 0 (dropped): local '
-            'training overflowed, the model has diverged. Lower the client learning '
-            'rate or choose a robust aggregator.')
+    metrics.update((f'server_optimizer/{k}', v) for k, v in flatten_metrics(
+        output.measurements['server_optimizer']).items())
+    return output.state, metrics
 
   def evaluate(self, state) -> Metrics:
     """Clean test metrics of the global model, then the variant's."""
     result = evaluation.evaluate(self._task.keras_model_fn,
-                                 _model_weights(state['model']), self._test_dataset)
+                                 rounds.model_weights(state), self._test_dataset,
+                                 self._loss)
     metrics = Metrics(test_accuracy=result['accuracy'], test_loss=result['loss'])
     metrics.update(self._client_work.evaluate(
         state.get('client_work'), state['model']['trainable'], self._eval_client_ids))
@@ -334,7 +262,3 @@ class Simulation:
       benign = [benign[i] for i in sorted(chosen)]
     return benign
 
-
-def _model_weights(model: Mapping[str, Any]) -> tff.learning.models.ModelWeights:
-  return tff.learning.models.ModelWeights(trainable=list(model['trainable']),
-                                          non_trainable=list(model['non_trainable']))
