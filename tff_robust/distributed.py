@@ -97,6 +97,7 @@ class WorkerError(RuntimeError):
 
 worker_binary_path = worker_launcher.worker_binary_path
 Credentials = worker_credentials.Credentials
+as_driver_credentials = worker_credentials.as_driver_credentials
 
 
 def parse_addresses(addresses) -> list[str]:
@@ -138,8 +139,8 @@ def check_credentials_needed(addresses, credentials) -> None:
         f'Worker {remote[0]} is not on this machine: a worker on the network requires '
         'credentials (mutual TLS). Make a deployment\'s files with `python -m '
         'tff_robust.worker_credentials --out=DIR`, start each worker with '
-        '--tls_cert, --tls_key and --tls_client_ca, and pass credentials=DIR '
-        '(--worker_credentials=DIR).')
+        '--tls_cert, --tls_key and --tls_client_ca, and give the driver its files '
+        '(credentials=DIR; the binaries\' --worker_credentials=DIR).')
 
 
 def _channel_options(max_message_bytes: int):
@@ -418,7 +419,7 @@ class DistributedContext(tff.framework.SyncContext):
         that refused the TLS handshake.
     """
     self.addresses = parse_addresses(addresses)
-    credentials = worker_credentials.as_driver_credentials(credentials)
+    credentials = as_driver_credentials(credentials)
     check_credentials_needed(self.addresses, credentials)
     max_message_bytes = arguments.check_positive_int('max_message_bytes',
                                                      max_message_bytes)

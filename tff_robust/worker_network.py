@@ -80,7 +80,8 @@ def _loopback_up() -> None:
 
 
 def network_namespace(pid: Optional[int] = None) -> str:
-  """The network namespace of process `pid` (default this one), e.g. 'net:[4026531840]'."""
+  """The network namespace of process `pid` (default: this one), e.g.
+  'net:[4026531840]'."""
   return os.readlink(f'/proc/{"self" if pid is None else pid}/ns/net')
 
 

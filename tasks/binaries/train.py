@@ -81,7 +81,13 @@ flag_groups.define('integer', 'seed', 0, 'Seeds the model initialization, the '
 flags.DEFINE_list('workers', [], 'host:port of TFF worker_binary processes to spread '
                   'each round\'s clients over (training and every secure average); '
                   'empty: run in this process. Start one with `python -m '
-                  'tff_robust.distributed --port=N` (README, "Several workers and machines").')
+                  'tff_robust.distributed --port=N` (README, "Several workers and '
+                  'machines"); workers on other machines need --worker_credentials.')
+flags.DEFINE_string('worker_credentials', None, 'Directory of the driver\'s TLS '
+                    'credentials for --workers (ca.pem, driver.pem, driver.key, made by '
+                    '`python -m tff_robust.worker_credentials --out=DIR`): mutual TLS '
+                    'with workers started with that deployment\'s --tls_* files. '
+                    'Without it every worker must be on this machine (127.0.0.1).')
 flags.DEFINE_float('worker_connect_timeout',
                    distributed.DEFAULT_CONNECT_TIMEOUT_SECONDS, 'Seconds to wait at '
                    'start for each of --workers to accept connections before exiting '
@@ -105,6 +111,21 @@ def _check_workers(addresses) -> bool:
 
 
 flags.register_validator('workers', _check_workers)
+
+
+@flags.multi_flags_validator(['workers', 'worker_credentials'])
+def _check_worker_credentials(values) -> bool:
+  """Workers off this machine need credentials, and the credentials must be readable:
+  refused at parse time."""
+  if not values['workers']:
+    return True
+  try:
+    distributed.check_credentials_needed(
+        values['workers'], distributed.as_driver_credentials(
+            values['worker_credentials']))
+  except ValueError as e:
+    raise flags.ValidationError(str(e)) from e
+  return True
 for _name in ('worker_connect_timeout', 'worker_unavailable_timeout'):
   flags.register_validator(_name, lambda v: 0 < v < float('inf'),
                            message=f'--{_name} must be a finite number of seconds > 0.')
@@ -161,7 +182,8 @@ def main(argv):
     if FLAGS.workers:
       try:
         context = distributed.DistributedContext(
-            FLAGS.workers, connect_timeout=FLAGS.worker_connect_timeout,
+            FLAGS.workers, credentials=FLAGS.worker_credentials,
+            connect_timeout=FLAGS.worker_connect_timeout,
             unavailable_timeout=FLAGS.worker_unavailable_timeout)
       except (ValueError, distributed.WorkerError) as e:
         exit_status.exit_with(f'--workers: {e}', exit_status.FLAGS_OR_OTHER_RUN)
