@@ -107,12 +107,15 @@ def input_cases(inputs=tuple(INPUTS), weights=tuple(WEIGHTS)):
 
 class SecureSumContextMixin:
   """Runs a test case's tests in TFF's test context, where secure-sum intrinsics run
-  (as plain sums); the default context cannot embed them."""
+  (as plain sums); the default context cannot embed them. Set once per class: each
+  new context starts its own executor and compiles every computation it runs again."""
 
-  def setUp(self):
-    super().setUp()
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
     tff.backends.test.set_sync_test_cpp_execution_context()
 
-  def tearDown(self):
+  @classmethod
+  def tearDownClass(cls):
     tff.backends.native.set_sync_local_cpp_execution_context()
-    super().tearDown()
+    super().tearDownClass()

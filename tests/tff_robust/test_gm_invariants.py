@@ -40,19 +40,39 @@ def with_client(honest, client):
   return np.vstack([honest, extra[np.newaxis]])
 
 
-def run(factory, points, alphas=None, dtype=np.float32, path='fused', calls=1):
-  """The result and measurements of the `calls`-th `next` on the same clients."""
+FACTORIES = dict(
+    gm=tff_robust.GeometricMedianFactory,
+    one_step=tff_robust.one_step_geometric_median_factory,
+    gathered=gathered.GatheredGeometricMedianFactory,
+)
+_PROCESSES = {}
+
+
+def process(factory, dimension, dtype=np.float32, path='fused', **kwargs):
+  """The process of `FACTORIES[factory](**kwargs)` for vectors of `dimension`
+  (`path` 'passwise': pass by pass), created once per arguments: tracing one costs
+  about a second, and the tests share them."""
+  key = (factory, dimension, np.dtype(dtype).name, path, tuple(sorted(kwargs.items())))
+  if key not in _PROCESSES:
+    built = FACTORIES[factory](**kwargs)
+    value_type = tff.TensorType(dtype, [dimension])
+    weight_type = tff.TensorType(np.float32)
+    if path == 'passwise':
+      built = passwise.PasswiseFactory(built)
+    _PROCESSES[key] = built.create(value_type, weight_type)
+  return _PROCESSES[key]
+
+
+def run(factory, points, alphas=None, dtype=np.float32, path='fused', calls=1,
+        **kwargs):
+  """The result and measurements of the `calls`-th `next` on the same clients, of the
+  process of `FACTORIES[factory](**kwargs)`."""
   alphas = np.ones(len(points)) if alphas is None else alphas
-  value_type = tff.TensorType(dtype, [points.shape[1]])
-  weight_type = tff.TensorType(np.float32)
-  if path == 'passwise':
-    process = passwise.PasswiseFactory(factory).create(value_type, weight_type)
-  else:
-    process = factory.create(value_type, weight_type)
-  state = process.initialize()
+  process_ = process(factory, points.shape[1], dtype, path, **kwargs)
+  state = process_.initialize()
   for _ in range(calls):
-    output = process.next(state, [p.astype(dtype) for p in points],
-                          [np.float32(a) for a in alphas])
+    output = process_.next(state, [p.astype(dtype) for p in points],
+                           [np.float32(a) for a in alphas])
     state = output.state
   return np.asarray(output.result), output.measurements
 
@@ -70,7 +90,7 @@ class NoSingleClientPinsTheEstimateTest(parameterized.TestCase):
   def test_default_gm_is_near_the_median(self, client, case):
     points = with_client(honest_updates(case[1], case[0]), client)
     median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
-    result, measurements = run(tff_robust.GeometricMedianFactory(), points)
+    result, measurements = run('gm', points)
     self.assertLess(relative_distance(result, median), 0.05)
     self.assertLen(measurements['nu'], 3)
     # And it is the numpy Algorithm 2 with the relative ν, to float32 rounding.
@@ -82,7 +102,7 @@ class NoSingleClientPinsTheEstimateTest(parameterized.TestCase):
   def test_one_step_is_not_pulled_to_the_client(self, client, case):
     points = with_client(honest_updates(case[1], case[0]), client)
     median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
-    result, _ = run(tff_robust.one_step_geometric_median_factory(), points)
+    result, _ = run('one_step', points)
     self.assertGreater(np.linalg.norm(result), 0.5 * np.linalg.norm(median))
     expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 1)
     self.assertLess(relative_distance(result, expected), 1e-5)
@@ -91,16 +111,14 @@ class NoSingleClientPinsTheEstimateTest(parameterized.TestCase):
     # And it is what the default used to do: the zero update pins it near zero.
     points = with_client(honest_updates(100, 'agreeing'), 'zero')
     median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
-    result, measurements = run(
-        tff_robust.GeometricMedianFactory(nu=tff_robust.geometric_median.PAPER_NU),
-        points)
+    result, measurements = run('gm', points, nu=tff_robust.geometric_median.PAPER_NU)
     self.assertLess(np.linalg.norm(result), 1e-2 * np.linalg.norm(median))
     np.testing.assert_array_equal(measurements['nu'], [1e-6] * 3)
 
   def test_a_far_client_keeps_its_weight(self):
     points = with_client(honest_updates(100, 'agreeing'), 'far')
     median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
-    result, _ = run(tff_robust.GeometricMedianFactory(), points)
+    result, _ = run('gm', points)
     self.assertLess(relative_distance(result, median), 1e-3)
 
 
@@ -114,9 +132,7 @@ class FarMajorityTest(parameterized.TestCase):
     # 20 clients: the honest ones agree, `far` send 1e3 × minus the first honest one.
     honest = honest_updates(100, 'agreeing')[:20 - far]
     points = np.vstack([honest, np.tile(-1e3 * honest[:1], (far, 1))])
-    make = (tff_robust.GeometricMedianFactory if factory == 'gm'
-            else tff_robust.one_step_geometric_median_factory)
-    result, _ = run(make(), points)
+    result, _ = run(factory, points)
     honest_mean = honest.mean(axis=0)
     # A median-scaled ν (half of the weight far away) moved it by ~400× that.
     self.assertLess(relative_distance(result, honest_mean), 5.0)
@@ -130,12 +146,10 @@ class ScaleEquivarianceTest(parameterized.TestCase):
   @parameterized.product(scale=[1e-6, 3.7e-3, 1e3, 1e6],
                          factory=['gm', 'one_step'], client=['zero', 'tiny'])
   def test_scaling_every_update_scales_the_result(self, scale, factory, client):
-    make = (tff_robust.GeometricMedianFactory if factory == 'gm'
-            else tff_robust.one_step_geometric_median_factory)
     points = with_client(honest_updates(100, 'agreeing'), client)
     # float64 values: the check is of the algorithm, not of float32 rounding.
-    base, _ = run(make(), points, dtype=np.float64)
-    scaled, _ = run(make(), scale * points, dtype=np.float64)
+    base, _ = run(factory, points, dtype=np.float64)
+    scaled, _ = run(factory, scale * points, dtype=np.float64)
     self.assertLess(relative_distance(scaled, scale * base), 1e-5)
 
 
@@ -144,10 +158,9 @@ class ScaleEquivarianceTest(parameterized.TestCase):
     # others' norm may cross the fixed grid's window edge when scaled by 1.7.
     points = with_client(honest_updates(100, 'agreeing'), 'tiny')
     points[-1] = 0.05 * points[0]
-    for make, bound in ((tff_robust.GeometricMedianFactory, 1e-3),
-                        (tff_robust.one_step_geometric_median_factory, 0.05)):
-      base, _ = run(make(), points, dtype=np.float64)
-      scaled, _ = run(make(), 1.7 * points, dtype=np.float64)
+    for factory, bound in (('gm', 1e-3), ('one_step', 0.05)):
+      base, _ = run(factory, points, dtype=np.float64)
+      scaled, _ = run(factory, 1.7 * points, dtype=np.float64)
       self.assertLess(relative_distance(scaled, 1.7 * base), bound)
 
 
@@ -161,9 +174,9 @@ class ExtremeClientsTest(parameterized.TestCase):
     points = np.vstack([honest, np.full((1, 1000), 1e37)])
     expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 3)
     if path == 'gathered':
-      result, _ = run(gathered.GatheredGeometricMedianFactory(), points)
+      result, _ = run('gathered', points)
     else:
-      result, _ = run(tff_robust.GeometricMedianFactory(), points, path=path)
+      result, _ = run('gm', points, path=path)
     self.assertLess(relative_distance(result, expected), 1e-5)
 
 
@@ -172,9 +185,7 @@ class ExtremeClientsTest(parameterized.TestCase):
     # Honest clients at 1e50, one at 1e200: the float64 buckets tell them apart.
     points = 1e50 * with_client(honest_updates(100, 'agreeing'), 'zero')
     points[-1] = 1e200
-    factory = (gathered.GatheredGeometricMedianFactory() if path == 'gathered'
-               else tff_robust.GeometricMedianFactory())
-    result, _ = run(factory, points, dtype=np.float64)
+    result, _ = run('gathered' if path == 'gathered' else 'gm', points, dtype=np.float64)
     expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 3,
                                              float64=True)
     self.assertLess(relative_distance(result, expected), 1e-9)
@@ -190,9 +201,7 @@ class Float64AndPathsTest(parameterized.TestCase):
     points = with_client(honest_updates(1000, 'agreeing'), client)
     alphas = np.random.default_rng(3).uniform(1, 50, len(points))
     passes = 3 if factory == 'gm' else 1
-    make = (tff_robust.GeometricMedianFactory if factory == 'gm'
-            else tff_robust.one_step_geometric_median_factory)
-    result, _ = run(make(), points, alphas, dtype=np.float64)
+    result, _ = run(factory, points, alphas, dtype=np.float64)
     self.assertEqual(result.dtype, np.float64)
     expected = gm_reference.numpy_default_gm(points, alphas.astype(np.float32).astype(np.float64),
                                 passes)
@@ -204,15 +213,13 @@ class Float64AndPathsTest(parameterized.TestCase):
     points = with_client(honest_updates(100, 'agreeing', seed=5), 'zero')
     alphas = np.random.default_rng(4).uniform(1, 50, len(points))
     # Two calls: the warm start's second one starts from the first one's result.
-    fused, fused_measurements = run(
-        tff_robust.GeometricMedianFactory(initial_point=start), points, alphas, calls=2)
+    fused, fused_measurements = run('gm', points, alphas, calls=2, initial_point=start)
     if path == 'gathered':
-      other, measurements = run(
-          gathered.GatheredGeometricMedianFactory(initial_point=start), points, alphas,
-          calls=2)
+      other, measurements = run('gathered', points, alphas, calls=2,
+                                initial_point=start)
     else:
-      other, measurements = run(tff_robust.GeometricMedianFactory(initial_point=start),
-                                points, alphas, path='passwise', calls=2)
+      other, measurements = run('gm', points, alphas, path='passwise', calls=2,
+                                initial_point=start)
     self.assertLess(relative_distance(other, fused), 1e-5)
     np.testing.assert_allclose(measurements['nu'], fused_measurements['nu'], rtol=1e-5)
 

@@ -48,6 +48,19 @@ def _assert_same(testcase, expected, actual, path=''):
                                rtol=1e-6, atol=1e-6, err_msg=path)
 
 
+_BUILT = {}
+
+
+def _process_and_aggregation(name):
+  """The federated process of the registry's `name` and its in-process aggregation,
+  built once (tracing the process costs about a second) and shared by the inputs."""
+  if name not in _BUILT:
+    factory = registry.aggregator_from_name(name, assumed_byzantine_fraction=0.2)
+    _BUILT[name] = (factory.create(_VALUE_TYPE, _WEIGHT_TYPE),
+                    gathered.in_process_aggregation(factory, _VALUE_TYPE))
+  return _BUILT[name]
+
+
 class InProcessAggregationTest(parameterized.TestCase):
 
   @parameterized.product(
@@ -56,9 +69,7 @@ class InProcessAggregationTest(parameterized.TestCase):
             'nnm+trimmed_mean'],
       kind=['random', 'faulty', 'attacked'])
   def test_equals_the_federated_process(self, name, kind):
-    factory = registry.aggregator_from_name(name, assumed_byzantine_fraction=0.2)
-    process = factory.create(_VALUE_TYPE, _WEIGHT_TYPE)
-    aggregate = gathered.in_process_aggregation(factory, _VALUE_TYPE)
+    process, aggregate = _process_and_aggregation(name)
     self.assertIsNotNone(aggregate)
     federated_state = in_process_state = process.initialize()
     for round_num in range(3):  # Stateful ones (bucketing, centered clipping) move.
@@ -93,18 +104,14 @@ class InProcessAggregationTest(parameterized.TestCase):
     np.testing.assert_allclose(actual.result[0], expected.result[0], rtol=1e-12)
 
   def test_an_update_of_another_shape_is_refused(self):
-    factory = registry.aggregator_from_name('median')
-    process = factory.create(_VALUE_TYPE, _WEIGHT_TYPE)
-    aggregate = gathered.in_process_aggregation(factory, _VALUE_TYPE)
+    process, aggregate = _process_and_aggregation('median')
     updates, weights = _clients('random', 0)
     updates[3] = [updates[3][0], updates[3][1][:2]]
     with self.assertRaisesRegex(TypeError, r'shapes .*\(2,\).* created for'):
       aggregate(process.initialize(), updates, list(weights))
 
   def test_the_updates_are_released_as_they_are_copied(self):
-    factory = registry.aggregator_from_name('median')
-    process = factory.create(_VALUE_TYPE, _WEIGHT_TYPE)
-    aggregate = gathered.in_process_aggregation(factory, _VALUE_TYPE)
+    process, aggregate = _process_and_aggregation('median')
     updates, weights = _clients('faulty', 0)
     expected = process.next(process.initialize(), updates, list(weights))
     leaves = [weakref.ref(leaf) for update in updates for leaf in update]
@@ -124,9 +131,7 @@ class InProcessAggregationTest(parameterized.TestCase):
     self.assertEqual(simulation._aggregate != simulation._aggregation.next, expected)
 
   def test_every_client_non_finite_leaves_an_empty_matrix(self):
-    factory = registry.aggregator_from_name('median')
-    process = factory.create(_VALUE_TYPE, _WEIGHT_TYPE)
-    aggregate = gathered.in_process_aggregation(factory, _VALUE_TYPE)
+    process, aggregate = _process_and_aggregation('median')
     updates, weights = _clients('random', 0)
     updates = [[np.full_like(leaf, np.nan) for leaf in update] for update in updates]
     expected = process.next(process.initialize(), updates, list(weights))
