@@ -98,6 +98,7 @@ def _defines_flags_on_import(path: pathlib.Path) -> bool:
   return False
 
 
+@pytest.mark.slow  # Imports them, with TensorFlow, in a new process.
 def test_flag_defining_modules_that_tests_import_can_share_a_process():
   # pytest imports every test module in one process (per xdist worker): two modules
   # defining the same absl flag there fail collection with DuplicateFlagError.
@@ -135,6 +136,7 @@ def test_wheel_holds_tff_robust_only(tmp_path):
   assert not any(n.endswith('entry_points.txt') for n in names)
 
 
+@pytest.mark.slow  # Runs the binaries.
 @pytest.mark.parametrize('script', ['tff_robust_train', 'tff_robust_sweep'])
 def test_console_scripts_of_the_development_install_run(script):
   """scripts/setup.sh installs the experiment side into .venv with its console scripts

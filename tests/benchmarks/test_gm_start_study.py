@@ -7,6 +7,7 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+import pytest
 
 from benchmarks import gm_start_report
 from tests.helpers import processes
@@ -71,6 +72,7 @@ class StudyTableTest(absltest.TestCase):
 
 class ResultsPageTest(absltest.TestCase):
 
+  @pytest.mark.slow  # Runs the study's binary.
   def test_page_names_its_command_without_the_output_paths(self):
     with tempfile.TemporaryDirectory() as directory:
       page_path = os.path.join(directory, 'results', 'study.md')

@@ -8,7 +8,13 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from tests.helpers import processes
+
+# Starts subprocesses (programs that import TensorFlow): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
 
 RUN_A_COMPUTATION = textwrap.dedent('''
     import numpy as np

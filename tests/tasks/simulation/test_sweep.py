@@ -11,6 +11,7 @@ from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 
 from tasks import builders
 from tasks import registry
@@ -267,6 +268,7 @@ class LedgerSweepTest(parameterized.TestCase):
     self.assertTrue(os.path.exists(os.path.join(sweep.run_dir(output_dir, free),
                                                 sweep.FINGERPRINT_FILE)))
 
+  @pytest.mark.slow  # Two Python processes that build the task.
   def test_the_fingerprint_is_the_same_in_another_process(self):
     code = (
         'from tasks import builders; from tasks.simulation import loop, sweep; '
