@@ -188,34 +188,31 @@ def wait_until_ready(address: str, timeout: float,
       handshake, or a driver without credentials met one that requires them.
   """
   channel = make_channel(address, credentials)
-  states = []
-  channel.subscribe(states.append, try_to_connect=True)
+  ready = grpc.channel_ready_future(channel)
   deadline = time.monotonic() + timeout
   try:
     while True:
       try:
-        grpc.channel_ready_future(channel).result(
-            timeout=min(max(deadline - time.monotonic(), 0.0), 1.0))
+        ready.result(timeout=min(max(deadline - time.monotonic(), 0.0), 1.0))
         return
       except grpc.FutureTimeoutError:
         pass
-      details = ''
-      if grpc.ChannelConnectivity.TRANSIENT_FAILURE in states:
-        details = _connect_error(channel, deadline)
-        if any(word in details.lower() for word in _HANDSHAKE_FAILURE_WORDS):
-          if credentials is None:
-            hint = ('does the worker require credentials (started with --tls_*)? Pass '
-                    'credentials=DIR (--worker_credentials=DIR).')
-          else:
-            hint = ('are the driver\'s credentials and the worker\'s --tls_* files '
-                    'from the same deployment (`python -m tff_robust.'
-                    'worker_credentials`), and does the worker use TLS at all?')
-          raise WorkerError(address, f'refused the connection ({details}); {hint}')
+      # Why it does not connect: nothing listens (yet), or a refused handshake.
+      details = _connect_error(channel, deadline)
+      if any(word in details.lower() for word in _HANDSHAKE_FAILURE_WORDS):
+        if credentials is None:
+          hint = ('does the worker require credentials (started with --tls_*)? Pass '
+                  'credentials=DIR (--worker_credentials=DIR).')
+        else:
+          hint = ('are the driver\'s credentials and the worker\'s --tls_* files '
+                  'from the same deployment (`python -m tff_robust.'
+                  'worker_credentials`), and does the worker use TLS at all?')
+        raise WorkerError(address, f'refused the connection ({details}); {hint}')
       if time.monotonic() >= deadline:
         raise WorkerError(address, f'not reachable within {timeout:g} s' +
                           (f' ({details}).' if details else '.'))
   finally:
-    channel.unsubscribe(states.append)
+    ready.cancel()
     channel.close()
 
 
@@ -373,6 +370,8 @@ class _WorkerContext:
         self.executor_factory.clean_up_executor(dict(cardinalities))
       except Exception:  # pylint: disable=broad-except
         pass
+    # No callback left for gRPC's connectivity thread to poll the closed channel for.
+    self.channel.unsubscribe(self.stub._on_connectivity)  # pylint: disable=protected-access
     self.channel.close()
 
 

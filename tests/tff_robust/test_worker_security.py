@@ -472,3 +472,19 @@ def test_the_binary_trains_on_workers_with_credentials(deployment, tmp_path):
     assert len(f.readlines()) == 2  # The header and round 0.
   for log in logs:
     assert "accepted a driver from 127.0.0.1:" in log
+
+
+@slow
+def test_the_overhead_benchmark_runs():
+  # benchmarks.worker_tls_overhead on a small value: it enters a network namespace of
+  # its own, and every mode returns the value it sent.
+  result = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.worker_tls_overhead', '--megabytes=1',
+       '--repeats=1'], cwd=_REPO, capture_output=True, text=True, timeout=_HANG,
+      env=processes.quiet_env())
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[2:]}
+  assert sorted(rows) == ['direct', 'plain', 'tls']
+  # The same messages (but for the lengths of the ids the executors give values).
+  sent = [int(row[3]) for row in rows.values()]
+  assert max(sent) - min(sent) < 100 and min(sent) > 2**20, rows
