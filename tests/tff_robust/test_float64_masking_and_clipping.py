@@ -206,18 +206,23 @@ class Float64MeasurementsTest(parameterized.TestCase):
 
 class ArcAroundGeometricMedianTest(parameterized.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # Created once for every input.
+    gm = GeometricMedianFactory()
+    cls.arc_gm = arc.AdaptiveRobustClippingFactory(
+        gm, num_byzantine=NUM_BYZANTINE).create(value_type(np.float64), WEIGHT_TYPE)
+    cls.gm = gm.create(value_type(np.float64), WEIGHT_TYPE)
+
   @parameterized.named_parameters(*[(inputs, inputs) for inputs in INPUTS])
   def test_arc_gm_is_the_gm_of_the_numpy_clipped_updates(self, inputs):
     # No float64 numpy GM here: the library's GM on updates clipped by numpy is the
     # reference, so that only ARC's own rounding is measured.
     x, w = INPUTS[inputs](), example_counts()
     threshold = np_arc_threshold(np.linalg.norm(x, axis=1), NUM_BYZANTINE)
-    gm = GeometricMedianFactory()
-    arc_gm = arc.AdaptiveRobustClippingFactory(gm, num_byzantine=NUM_BYZANTINE)
-    result, _ = run(arc_gm.create(value_type(np.float64), WEIGHT_TYPE), x, w,
-                    np.float64)
-    expected, _ = run(gm.create(value_type(np.float64), WEIGHT_TYPE),
-                      np_clip_rows(x, threshold), w, np.float64)
+    result, _ = run(self.arc_gm, x, w, np.float64)
+    expected, _ = run(self.gm, np_clip_rows(x, threshold), w, np.float64)
     self.assertLessEqual(relative_error(to_vector(result), to_vector(expected)),
                          FLOAT64_TOLERANCE)
 

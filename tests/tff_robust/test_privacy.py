@@ -101,6 +101,20 @@ SECURE_COMPATIBLE = (
 )
 
 
+_PROCESSES = {}
+
+
+def created(build, secure_inner, report):
+  """`build(inner, report)`'s process, `inner` a `secure_mean()` or None (the plain
+  mean), created once per arguments: the walks below and the secure-sum runs share
+  them."""
+  key = (build, secure_inner, report)
+  if key not in _PROCESSES:
+    inner = secure_mean() if secure_inner else None
+    _PROCESSES[key] = build(inner, report).create(VALUE_TYPE, WEIGHT_TYPE)
+  return _PROCESSES[key]
+
+
 class CompiledComputationPrivacyTest(parameterized.TestCase):
 
   def test_the_walk_sees_a_gathering_aggregate_and_secure_sums(self):
@@ -118,7 +132,7 @@ class CompiledComputationPrivacyTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*SECURE_COMPATIBLE)
   def test_only_sums_and_a_scalar_max_reach_the_server(self, build):
-    process = build(None, True).create(VALUE_TYPE, WEIGHT_TYPE)
+    process = created(build, False, True)
     intrinsics = client_to_server_intrinsics(process.next)
     self.assertNotEmpty(intrinsics)
     for uri, member in intrinsics:
@@ -129,13 +143,13 @@ class CompiledComputationPrivacyTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*SECURE_COMPATIBLE)
   def test_without_max_weight_only_sums_reach_the_server(self, build):
-    process = build(None, False).create(VALUE_TYPE, WEIGHT_TYPE)
+    process = created(build, False, False)
     uris = {uri for uri, _ in client_to_server_intrinsics(process.next)}
     self.assertContainsSubset(uris, SUMS)
 
   @parameterized.named_parameters(*SECURE_COMPATIBLE)
   def test_with_secure_inner_mean_values_only_leave_through_secure_sums(self, build):
-    process = build(secure_mean(), False).create(VALUE_TYPE, WEIGHT_TYPE)
+    process = created(build, True, False)
     model_sized = [(uri, member)
                    for uri, member in client_to_server_intrinsics(process.next)
                    if not only_scalars(member)]
@@ -156,11 +170,11 @@ class SecureSumCompositionTest(aggregator_cases.SecureSumContextMixin,
         bias=rng.normal(size=3).astype(np.float32)) for _ in range(6)]
     weights = [np.float32(w) for w in rng.uniform(1, 3, size=6)]
 
-    def run(inner):
-      process = build(inner, True).create(VALUE_TYPE, WEIGHT_TYPE)
+    def run(secure_inner):
+      process = created(build, secure_inner, True)
       return process.next(process.initialize(), values, weights).result
 
-    plain, secure = run(None), run(secure_mean(bound=1e4))
+    plain, secure = run(False), run(True)
     # SecureSumFactory quantises each summand to 32 bits over [-bound, bound].
     for name in plain:
       np.testing.assert_allclose(secure[name], plain[name], atol=1e-3)
