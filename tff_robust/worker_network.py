@@ -44,6 +44,9 @@ _CHUNK_BYTES = 1 << 20
 # A client that has not finished its TLS handshake by then is dropped. Generous (the
 # machine may be busy); it only bounds what an idle unauthenticated client holds.
 HANDSHAKE_TIMEOUT_SECONDS = 60.0
+# StreamWriter.start_tls (Python 3.11+): the handshake in the handler, which logs the
+# refusals.
+_UPGRADES_STREAMS = hasattr(asyncio.StreamWriter, 'start_tls')
 
 
 class IsolationError(OSError):
@@ -221,8 +224,12 @@ class Forwarder:
   def _run(self) -> None:
     asyncio.set_event_loop(self._loop)
     try:
+      tls = {}
+      if self._ssl is not None and not _UPGRADES_STREAMS:
+        # Before Python 3.11 the server does the handshake (refusals are not logged).
+        tls = dict(ssl=self._ssl, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS)
       server = self._loop.run_until_complete(asyncio.start_server(
-          self._handle, sock=self._listener, limit=_CHUNK_BYTES))
+          self._handle, sock=self._listener, limit=_CHUNK_BYTES, **tls))
     except BaseException as e:  # pylint: disable=broad-except
       self._error = e
       self._ready.set()
@@ -243,7 +250,7 @@ class Forwarder:
     peer = _peer(writer)
     inner_writer = None
     try:
-      if self._ssl is not None:
+      if self._ssl is not None and _UPGRADES_STREAMS:
         try:
           await writer.start_tls(self._ssl,
                                  ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS)
@@ -255,6 +262,7 @@ class Forwarder:
             reason = getattr(e, 'reason', None) or str(e) or type(e).__name__
             _log(f'refused a connection from {peer}: TLS handshake failed ({reason}).')
           return
+      if self._ssl is not None:
         certificate = writer.get_extra_info('peercert')
         _log(f'accepted a driver from {peer} (certificate {_subject(certificate)!r}).')
       self.accepted += 1
@@ -290,9 +298,12 @@ class Forwarder:
   def stop(self) -> None:
     """Stops accepting and forwarding (the loop's thread ends)."""
     if self._thread.is_alive():
-      for task in asyncio.all_tasks(self._loop):
-        self._loop.call_soon_threadsafe(task.cancel)
+      self._loop.call_soon_threadsafe(self._cancel_all)
       self._thread.join()
+
+  def _cancel_all(self) -> None:
+    for task in asyncio.all_tasks(self._loop):
+      task.cancel()
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -21,6 +21,7 @@ import ssl
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 from cryptography import x509
@@ -117,6 +118,85 @@ def test_a_driver_without_credentials_dials_this_machine_only(deployment):
                                    credentials=os.path.join(deployment, 'missing'))
   with pytest.raises(ValueError, match='loopback address only'):
     distributed.LocalWorkers(1, host='0.0.0.0')
+
+
+def _echo_server():
+  """A port on 127.0.0.1 that returns what it receives (a stand-in for the binary)."""
+  server = socket.socket()
+  server.bind(('127.0.0.1', 0))
+  server.listen()
+
+  def echo(connection):
+    with connection:
+      while True:
+        data = connection.recv(1 << 16)
+        if not data:
+          return
+        connection.sendall(data)
+
+  def serve():
+    while True:
+      try:
+        connection, _ = server.accept()
+      except OSError:  # Closed.
+        return
+      threading.Thread(target=echo, args=(connection,), daemon=True).start()
+
+  threading.Thread(target=serve, daemon=True).start()
+  return server
+
+
+def _round_trip(context, port, payload) -> bytes:
+  """What comes back of `payload`, sent in 64 KiB pieces, each read back before the
+  next (one thread: an SSL socket is not to be used by two at once)."""
+  received = bytearray()
+  with socket.create_connection(('127.0.0.1', port), timeout=_HANG) as raw:
+    with context.wrap_socket(raw, server_hostname=worker_credentials.WORKER_NAME) as s:
+      for start in range(0, len(payload), 1 << 16):
+        piece = payload[start:start + (1 << 16)]
+        s.sendall(piece)
+        expected = len(received) + len(piece)
+        while len(received) < expected:
+          chunk = s.recv(1 << 16)
+          if not chunk:
+            return bytes(received)
+          received += chunk
+  return bytes(received)
+
+
+# Python 3.11 handshakes in the handler (and logs refusals); before, in the server.
+@pytest.mark.parametrize('upgrades_streams', [True, False])
+def test_the_forwarder_relays_the_deployments_driver_only(
+    upgrades_streams, deployment, other_deployment, monkeypatch):
+  monkeypatch.setattr(worker_network, '_UPGRADES_STREAMS', upgrades_streams)
+  echo = _echo_server()
+  listener = worker_network.bind_listener('127.0.0.1', 0)
+  listener.listen()
+  worker = worker_credentials.Credentials.worker(deployment)
+  forwarder = worker_network.Forwarder(
+      listener, echo.getsockname()[1],
+      worker_network.server_ssl_context(worker.cert, worker.key, worker.ca))
+  forwarder.start()
+  port = listener.getsockname()[1]
+  try:
+    def client(directory):
+      context = ssl.create_default_context(cafile=os.path.join(deployment, 'ca.pem'))
+      if directory:
+        context.load_cert_chain(os.path.join(directory, 'driver.pem'),
+                                os.path.join(directory, 'driver.key'))
+      return context
+
+    payload = os.urandom(3 << 20)
+    assert _round_trip(client(deployment), port, payload) == payload
+    for refused in (None, other_deployment):
+      try:
+        assert _round_trip(client(refused), port, payload) == b''
+      except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+        pass  # The refusal: an alert, or the connection closed.
+    assert forwarder.accepted == 1
+  finally:
+    forwarder.stop()
+    echo.close()
 
 
 @slow
