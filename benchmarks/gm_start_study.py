@@ -96,8 +96,10 @@ def main(argv):
       summaries, _CLEAN_MARGIN.value, incumbent=geometric_median.DEFAULT_INITIAL_POINT,
       worst_case_margin=_WORST_CASE_MARGIN.value)
   seeds = ','.join(FLAGS.seeds)
-  page = (f'GM (3 passes) by initial_point: {FLAGS.task}-{FLAGS.model} '
-          f'({FLAGS.data_source}), {FLAGS.rounds} rounds, {FLAGS.clients_per_round} '
+  task = (FLAGS.task if flag_groups.user_task_path() else
+          f'{FLAGS.task}-{FLAGS.model} ({FLAGS.data_source})')
+  page = (f'GM (3 passes) by initial_point: {task}, {FLAGS.rounds} rounds, '
+          f'{FLAGS.clients_per_round} '
           f'clients/round, seeds {seeds}. Final clean test accuracy (%), mean '
           f'[min, max] over seeds; worst case: the lowest mean over attacked cells.\n\n'
           + table + '\n' + decision + '\n')

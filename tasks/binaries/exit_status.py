@@ -1,7 +1,9 @@
 """How the binaries end: exit statuses, and one line instead of a traceback.
 
   0    finished
-  1    bad flags (absl), or an output directory holding a run of other flags
+  1    bad flags (absl), or an output directory holding a run of other flags, or a
+       task of your own (--task=module:function) that does not follow the `Task`
+       protocol (`tasks.builders.TaskError`, naming the problem and the fix)
   2    a file the run reads is unreadable or inconsistent (`experiment.RunFileError`:
        checkpoint, config.json, metrics.csv, TensorBoard directory; a missing or
        malformed data file, a damaged leaderboard ledger), or a round left a
@@ -29,6 +31,7 @@ from absl import app
 
 from tasks.binaries import flag_groups
 from tasks.builders import data_utils
+from tasks.builders import task as task_lib
 from tasks.simulation import experiment
 from tasks.simulation import ledger
 from tasks.simulation import run_lock
@@ -49,7 +52,7 @@ ONE_LINE_ERRORS = (
       data_utils.MalformedDataError, ledger.LedgerError), BAD_FILE),
     ((run_lock.RunLockedError,), RUN_OWNED),
     ((flag_groups.UnworkableSettingsError,), UNWORKABLE_SETTINGS),
-    ((experiment.ConfigMismatchError,), FLAGS_OR_OTHER_RUN),
+    ((experiment.ConfigMismatchError, task_lib.TaskError), FLAGS_OR_OTHER_RUN),
 )
 
 

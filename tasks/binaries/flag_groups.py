@@ -11,11 +11,12 @@ run's identity (`run_config()`): a resumed run must match it.
 """
 
 import ast
+import dataclasses
 import math
 import os
 import shlex
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -61,8 +62,13 @@ def run_config() -> dict[str, Any]:
   """The values of the run-defining flags this binary defined: what a resumed run
   must match (see `tasks.simulation.experiment.check_config`); with --aggregator,
   also the revisions of its factories whose results changed
-  (`registry.results_revisions`), so an older revision's checkpoints are refused."""
+  (`registry.results_revisions`), so an older revision's checkpoints are refused.
+  A task of your own (--task=module:function) reads none of --model, --data_source
+  and --data_dir, so they are left out of its runs' configuration."""
   config = {name: FLAGS[name].value for name in _RUN_FLAGS}
+  if user_task_path() is not None:
+    for name in _BUILT_IN_ONLY:
+      config.pop(name, None)
   if 'aggregator' in FLAGS and 'aggregator_args' in FLAGS:
     config = registry.with_results_revisions(config, build_aggregator(
         FLAGS.aggregator, FLAGS.aggregator_args, FLAGS['rho'].value
@@ -70,12 +76,52 @@ def run_config() -> dict[str, Any]:
   return config
 
 
+# The task flags only the built-in tasks read.
+_BUILT_IN_ONLY = ('model', 'data_source', 'data_dir')
+# (flag, `ClientSpec` field) of the flags that set every task's local work.
+_CLIENT_SPEC_FLAGS = (('local_epochs', 'num_epochs'), ('batch_size', 'batch_size'),
+                      ('max_elements', 'max_elements'))
+
+
+def user_task_path() -> Optional[str]:
+  """--task when it is the import path of a task of your own, else None."""
+  if 'task' not in FLAGS or not FLAGS['task'].value:
+    return None
+  return FLAGS.task if builders.is_import_path(FLAGS.task) else None
+
+
+def task_stem() -> str:
+  """The task part of output names: `<task>_<model>` for a built-in task, the import
+  path with '.' for ':' for yours (e.g. `docs.examples.my_task.build_task`)."""
+  path = user_task_path()
+  if path is not None:
+    return builders.user_tasks.stem(path)
+  return f'{FLAGS.task}_{FLAGS.model}'
+
+
+def task_title() -> str:
+  """The task as a page title says it: `emnist linear (bundled data)`, or the import
+  path of yours."""
+  path = user_task_path()
+  if path is not None:
+    return path
+  return f'{FLAGS.task} {FLAGS.model} ({FLAGS.data_source} data)'
+
+
 def define_task_flags(**defaults) -> None:
-  """--task, --model, --data_source, --data_dir, --num_clients and the client spec."""
+  """--task, --model, --data_source, --data_dir, --num_clients and the client spec.
+
+  --task is a built-in task's name or the import path `package.module:function` of a
+  function returning a `tasks.builders.Task` (`tasks.builders.user_tasks`): the
+  module is imported and the function looked up at parse time; it is called, and its
+  task checked, when the binary builds the task (`task_from_flags`)."""
   known = builders.known_tasks()
   get = lambda name, value: defaults.pop(name, value)  # pylint: disable=g-long-lambda
-  define('enum', 'task', get('task', 'emnist'), list(known),
-          'Benchmark task (RFA paper D.1).')
+  define('string', 'task', get('task', 'emnist'), 'Task: a benchmark task (RFA paper '
+         f'D.1), {", ".join(known)}; or a task of your own, the import path '
+         'package.module:function of a function returning a tasks.builders.Task, e.g. '
+         f'{builders.user_tasks.EXAMPLE} (docs/tasks.md). Yours takes the client spec '
+         'flags and --num_clients, not --model, --data_source or --data_dir.')
   define('string', 'model', get('model', 'linear'), 'Model of the task: ' + '; '.join(
       f'{t}: {", ".join(s["models"])}' for t, s in known.items()) + '.')
   define('string', 'data_source', get('data_source', 'bundled'), 'Data source: ' +
@@ -99,7 +145,25 @@ def define_task_flags(**defaults) -> None:
   @flags.multi_flags_validator(['task', 'model', 'data_source', 'data_dir'],
                                message='invalid --task/--model/--data_source/--data_dir')
   def _check_task(values):
-    spec = known[values['task']]
+    task = values['task']
+    if builders.is_import_path(task):
+      try:
+        builders.user_tasks.resolve(task)
+      except builders.TaskError as e:
+        raise flags.ValidationError(str(e)) from e
+      given = [name for name in _BUILT_IN_ONLY if FLAGS[name].present]
+      if given:
+        raise flags.ValidationError(
+            f'{", ".join("--" + name for name in given)}: not read with '
+            f'--task={task}, a task of your own (its function builds its model and '
+            'data); drop them.')
+      return True
+    if task not in known:
+      raise flags.ValidationError(
+          f'--task={task} is not a built-in task ({", ".join(known)}) nor an import '
+          'path package.module:function of a task of your own (e.g. '
+          f'--task={builders.user_tasks.EXAMPLE}; docs/tasks.md).')
+    spec = known[task]
     if values['model'] not in spec['models']:
       raise flags.ValidationError(
           f'--model={values["model"]} is not a model of --task={values["task"]}; '
@@ -187,7 +251,10 @@ def validate_attacks(attacks_flag: str) -> None:
   def _check(values):
     names = values[attacks_flag]
     names = [names] if isinstance(names, str) else names or []
-    known = attacks.known_attacks(builders.known_tasks()[values['task']]['data_attacks'])
+    if builders.is_import_path(values['task']):
+      return True  # Its data attacks are known once it is built (`check_attacks`).
+    known = attacks.known_attacks(
+        builders.known_tasks().get(values['task'], {}).get('data_attacks', ()))
     unknown = [n for n in names if n not in known]
     if unknown:
       raise flags.ValidationError(
@@ -405,13 +472,51 @@ def validate_aggregators(names_flag: str) -> None:
 
 
 def task_from_flags(seed: int) -> builders.Task:
-  """The task of --task/--model/--data_source with the client spec flags."""
+  """The task of --task/--model/--data_source with the client spec flags; a task of
+  your own (--task=module:function) built by its function with data seed `seed`
+  (`tasks.builders.load_task`), --num_clients and the client spec flags applied.
+
+  Raises:
+    tasks.builders.TaskError: the function's value does not follow the `Task`
+      protocol (the message names the problem and the fix).
+  """
   client_spec = builders.ClientSpec(num_epochs=FLAGS.local_epochs,
                                     batch_size=FLAGS.batch_size,
                                     max_elements=FLAGS.max_elements)
+  path = user_task_path()
+  if path is not None:
+    task = builders.load_task(path, seed=seed, num_clients=FLAGS.num_clients)
+    own = task.client_spec
+    replaced = [f'{field}={getattr(own, field)} by --{flag}={getattr(client_spec, field)}'
+                for flag, field in _CLIENT_SPEC_FLAGS
+                if getattr(own, field) != getattr(client_spec, field)]
+    if replaced:
+      print(f'--task={path}: its client spec is set from the flags: '
+            f'{", ".join(replaced)}.', file=sys.stderr)
+    return dataclasses.replace(task, client_spec=dataclasses.replace(
+        own, num_epochs=client_spec.num_epochs, batch_size=client_spec.batch_size,
+        max_elements=client_spec.max_elements))
   return builders.build_task(FLAGS.task, FLAGS.model, source=FLAGS.data_source,
                              data_dir=FLAGS.data_dir, client_spec=client_spec,
                              num_clients=FLAGS.num_clients, seed=seed)
+
+
+def check_attacks(task: builders.Task, attacks_flag: str) -> None:
+  """Checks --`attacks_flag` (one name or a list) against the attacks of `task`
+  (for a task of your own, whose data attacks are only known once it is built; the
+  built-in tasks' are checked at parse time, `validate_attacks`).
+
+  Raises:
+    tasks.builders.TaskError: naming the unknown attacks and the known ones.
+  """
+  names = FLAGS[attacks_flag].value
+  names = [names] if isinstance(names, str) else list(names or [])
+  known = attacks.known_attacks(tuple(task.data_attacks))
+  unknown = [n for n in names if n not in known]
+  if unknown:
+    raise builders.TaskError(
+        f'--{attacks_flag}: {", ".join(unknown)} unknown for --task={FLAGS.task}; '
+        f'known: {", ".join(known)} (its data attacks are its Task.data_attacks).')
 
 
 def client_work_args_from_flags() -> dict[str, Any]:
@@ -586,14 +691,24 @@ def _valid_momenta(values) -> bool:
   return numbers_in(values, 0.0, 1.0)
 
 
-def start_sweep_binary(argv: Sequence[str]) -> tuple[builders.Task, sweep.SweepSpec]:
+def start_sweep_binary(
+    argv: Sequence[str],
+    attacks_of_task: Optional[Callable[[builders.Task], Sequence[str]]] = None
+) -> tuple[builders.Task, sweep.SweepSpec]:
   """The opening of every sweep binary: refuses positional arguments, quiets the
   logs, and returns the task (partitioned with --data_seed) and the sweep of the
-  flags."""
+  flags. For a task of your own without --attacks on the command line,
+  `attacks_of_task(task)`, when given, replaces the binary's default attacks (which
+  name a built-in task's data attacks)."""
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   quiet_logs()
-  return task_from_flags(FLAGS.data_seed), sweep_spec_from_flags()
+  task = task_from_flags(FLAGS.data_seed)
+  if (attacks_of_task is not None and user_task_path() is not None and
+      not FLAGS['attacks'].present):
+    FLAGS.attacks = list(attacks_of_task(task))
+  check_attacks(task, 'attacks')
+  return task, sweep_spec_from_flags()
 
 
 def quoted_command(module: str, local_flags: Sequence[str]) -> str:

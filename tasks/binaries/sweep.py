@@ -35,7 +35,7 @@ _LOCAL_FLAGS = ('--output_dir', '--results_dir', '--progress', '--noprogress')
 
 
 def _title() -> str:
-  return f'{FLAGS.task} {FLAGS.model} ({FLAGS.data_source} data)'
+  return flag_groups.task_title()
 
 
 def _results_page(table: str, spec: sweep.SweepSpec, trained: int,

@@ -3,13 +3,16 @@ r"""Trains one task with one aggregator under one corruption model.
   python -m tasks.binaries.train --task=emnist --model=linear --data_source=bundled \
       --aggregator=gm --attack=omniscient --rho=0.25 --rounds=30 \
       --clients_per_round=20 --client_learning_rate=0.05
+  python -m tasks.binaries.train --task=docs.examples.my_task:build_task \
+      --aggregator=gm --attack=alie --rho=0.2 --rounds=10   # a task of your own
 
 (or the console script `tff_robust_train` in the repository's environment).
 `--helpfull` documents every flag; `--client_work=ditto|personalized_rfa` trains
 personal models too.
 
 Output, in `--root_output_dir/--experiment_name` (default name built from the task,
-aggregator, attack, rho and seed): `metrics.csv` with one row per round, the columns
+aggregator, attack, rho and seed; a task of your own is named by its import path
+with `.` for `:`): `metrics.csv` with one row per round, the columns
 
   round, train_loss, train_accuracy, num_examples, num_clients, num_corrupted_clients,
   client_learning_rate, secure_average_calls (this round),
@@ -60,7 +63,8 @@ flag_groups.define_training_flags()
 flags.DEFINE_string('root_output_dir', 'runs', 'Root of the output directories.')
 flag_groups.validate_output_paths(directories=['root_output_dir'])
 flags.DEFINE_string('experiment_name', None, 'Output subdirectory; default '
-                    '<task>_<model>_<aggregator>_<attack>_rho<rho>_seed<seed>.')
+                    '<task>_<model>_<aggregator>_<attack>_rho<rho>_seed<seed> '
+                    '(<module>.<function>_<aggregator>_... for --task=module:function).')
 flag_groups.define('string', 'aggregator', 'gm', 'Aggregator of the client updates, '
                    + flag_groups.aggregator_help())
 flag_groups.define_aggregator_args_flag()
@@ -136,7 +140,7 @@ def experiment_name() -> str:
   """--experiment_name, or a name built from the run's main flags."""
   if FLAGS.experiment_name:
     return FLAGS.experiment_name
-  name = (f'{FLAGS.task}_{FLAGS.model}_{FLAGS.aggregator}_{FLAGS.attack}'
+  name = (f'{flag_groups.task_stem()}_{FLAGS.aggregator}_{FLAGS.attack}'
           f'_rho{FLAGS.rho:g}_seed{FLAGS.seed}')
   if FLAGS.client_work != 'fedavg':
     name += f'_{FLAGS.client_work}'
@@ -178,6 +182,7 @@ def main(argv):
     experiment.check_config(output_dir, flag_groups.run_config(),
                             ignore=flag_groups.RESUMABLE_CHANGES)
     task = flag_groups.task_from_flags(FLAGS.seed)
+    flag_groups.check_attacks(task, 'attack')
     context = None
     if FLAGS.workers:
       try:
