@@ -342,6 +342,7 @@ def main(argv: Sequence[str]) -> int:
     else:
       _error(f'cannot listen on {_shown(host, port)}: {e.strerror or e}.')
     return 1
+  host = listener.getsockname()[0]  # E.g. 0.0.0.0 for :: on a machine without IPv6.
   try:
     worker_network.enter_private_network()
   except worker_network.IsolationError as e:
