@@ -18,9 +18,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_robust import arguments
+from tff_robust import iterative
 from tff_robust import iterative_mean
 from tff_robust import numerics
-from tff_robust import unit_weights
 
 INITIAL_POINTS = ('previous', 'mean', 'zero')
 
@@ -78,7 +78,7 @@ def is_clipped(value, center, radius, weight):
   return tf.cast(far, tf.int32) * counts, counts
 
 
-class SecureCenteredClippingFactory(unit_weights.WeightedOrUnweightedFactory):
+class SecureCenteredClippingFactory(iterative.IterativeAggregationFactory):
   """Centered clipping through an inner weighted mean: L iterations of
   v ← v + Σ_i α_i clip_τ(x_i − v) / Σ_i α_i, clip_τ(z) = z·min(1, τ/‖z‖) over the
   whole model update, computed on the clients.
@@ -167,62 +167,29 @@ class SecureCenteredClippingFactory(unit_weights.WeightedOrUnweightedFactory):
   def inner_mean_factory(self) -> tff.aggregators.WeightedAggregationFactory:
     return self._inner
 
-  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    iterative_mean.check_float_structure(value_type)
-    inner = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
-    steps = CenteredClippingSteps(self, value_type)
-    previous = self._initial_point == 'previous'
-
-    @tff.federated_computation()
-    def init_fn():
-      state = collections.OrderedDict()
-      if previous:
-        state['previous'] = tff.federated_eval(steps.zeros, tff.SERVER)
-      state['inner'] = inner.initialize()
-      return tff.federated_zip(state)
-
-    @tff.federated_computation(
-        init_fn.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS))
-    def next_fn(state, value, weight):
-      alpha = iterative_mean.float32_weights(weight_type, weight)
-      inner_state = state['inner']
-      if previous:
-        center = state['previous']
-      elif self._initial_point == 'zero':
-        center = tff.federated_eval(steps.zeros, tff.SERVER)
-      else:
-        output = inner.next(inner_state, value, alpha)
-        inner_state, center = output.state, output.result
-      for l in range(self._num_iterations):
-        inner_state, center, inner_measurements, counts = steps.iteration(
-            inner, inner_state, center, value, alpha,
-            count_clipped=l == self._num_iterations - 1)
-      new_state = collections.OrderedDict()
-      if previous:
-        new_state['previous'] = center
-      new_state['inner'] = inner_state
-      measurements = steps.measurements(counts, inner_measurements)
-      return tff.templates.MeasuredProcessOutput(
-          state=tff.federated_zip(new_state), result=center,
-          measurements=tff.federated_zip(measurements))
-
-    return tff.templates.AggregationProcess(init_fn, next_fn)
+  def steps(self, value_type) -> 'CenteredClippingSteps':
+    return CenteredClippingSteps(self, value_type)
 
 
-class CenteredClippingSteps:
-  """The federated steps of one `SecureCenteredClippingFactory` for one value type.
+class CenteredClippingSteps(iterative.IterativeSteps):
+  """The passes of one `SecureCenteredClippingFactory` for one value type.
 
-  `SecureCenteredClippingFactory.create` chains them inside one TFF computation;
-  `tff_robust.passwise` runs each iteration as its own computation. The methods are
-  called inside a `tff.federated_computation`, values at CLIENTS, the centre at SERVER,
-  `alpha` float32 client weights.
+  Passes (`tff_robust.iterative`): 'mean' (the mean start only: one inner mean of
+  the updates), then L iterations, each one broadcast of the centre v and one inner
+  mean of the clients' clipped differences; the last ('last_iteration') also sums
+  the clients' 0/1 flags for `fraction_clipped` (the others would compute every
+  distance twice for nothing). The carry: `inner` (the inner mean's state), `center`
+  and, after an iteration, `inner_measurements` (and `counts` after the last).
   """
 
   def __init__(self, factory: SecureCenteredClippingFactory, value_type):
     radius = factory.clip_radius
+    self.value_type = value_type
+    self._num_iterations = factory.num_iterations
+    self._start = factory.initial_point
     self._num_secure_average_calls = factory.num_secure_average_calls
+    self._inner = factory.inner_mean_factory.create(value_type,
+                                                    iterative_mean.WEIGHT_TYPE)
     template = iterative_mean.type_template(value_type)
 
     @tff.tensorflow.computation
@@ -247,31 +214,65 @@ class CenteredClippingSteps:
       return tf.math.divide_no_nan(tf.cast(num_clipped, tf.float32),
                                    tf.cast(num_clients, tf.float32))
 
-    self.zeros = zeros
+    self._zeros = zeros
     self._clip_step, self._clip_flags = clip_step, clip_flags
     self._advance, self._fraction = advance, fraction
 
-  def iteration(self, inner, inner_state, center, value, alpha, count_clipped=True):
-    """One broadcast and one inner mean: `(inner state, next centre, the inner mean's
-    measurements, the sums (clipped clients, clients of weight > 0) at this centre, or
-    None without count_clipped)`. The aggregations are independent: both see only the
-    broadcast centre."""
-    broadcast = tff.federated_broadcast(center)
+  def initialize(self):
+    state = collections.OrderedDict()
+    if self._start == 'previous':
+      state['previous'] = tff.federated_eval(self._zeros, tff.SERVER)
+    state['inner'] = self._inner.initialize()
+    return tff.federated_zip(state)
+
+  def start(self, state):
+    carry = {'inner': state['inner']}
+    if self._start == 'previous':
+      carry['center'] = state['previous']
+    elif self._start == 'zero':
+      carry['center'] = tff.federated_eval(self._zeros, tff.SERVER)
+    return carry
+
+  def passes(self):
+    passes = [iterative.Pass('mean', self._start_at_mean)] if self._start == 'mean' else []
+    passes += [iterative.Pass('iteration', self._iterate)] * (self._num_iterations - 1)
+    return passes + [iterative.Pass('last_iteration', self._last_iteration)]
+
+  def _start_at_mean(self, carry, value, alpha):
+    output = self._inner.next(carry['inner'], value, alpha)
+    return {'inner': output.state, 'center': output.result}
+
+  def _iterate(self, carry, value, alpha, count_clipped=False):
+    """One broadcast and one inner mean: v ← v + Σ α_i clip_τ(x_i − v) / Σ α_i. The
+    count's sum is independent of the mean: both see only the broadcast centre."""
+    broadcast = tff.federated_broadcast(carry['center'])
     # Two maps, not one returning (step, flags): selecting the step out of a struct at
     # CLIENTS would copy every client's update once more.
     step = tff.federated_map(self._clip_step, (broadcast, value))
-    output = inner.next(inner_state, step, alpha)
-    center = tff.federated_map(self._advance, (center, output.result))
-    counts = None
+    output = self._inner.next(carry['inner'], step, alpha)
+    carry = dict(carry, inner=output.state,
+                 center=tff.federated_map(self._advance, (carry['center'], output.result)),
+                 inner_measurements=output.measurements)
     if count_clipped:
-      counts = tff.federated_sum(tff.federated_map(self._clip_flags,
-                                                   (broadcast, value, alpha)))
-    return output.state, center, output.measurements, counts
+      # (clipped clients, clients of weight > 0) at this centre.
+      carry['counts'] = tff.federated_sum(tff.federated_map(
+          self._clip_flags, (broadcast, value, alpha)))
+    return carry
 
-  def measurements(self, counts, inner_measurements) -> collections.OrderedDict:
-    """The factory's measurements from the last iteration's counts and inner ones."""
-    return collections.OrderedDict(
+  def _last_iteration(self, carry, value, alpha):
+    return self._iterate(carry, value, alpha, count_clipped=True)
+
+  def finish(self, carry):
+    state = collections.OrderedDict()
+    if self._start == 'previous':
+      state['previous'] = carry['center']
+    state['inner'] = carry['inner']
+    counts = carry['counts']
+    measurements = collections.OrderedDict(
         num_secure_average_calls=tff.federated_value(
             np.int32(self._num_secure_average_calls), tff.SERVER),
         fraction_clipped=tff.federated_map(self._fraction, (counts[0], counts[1])),
-        inner=inner_measurements)
+        inner=carry['inner_measurements'])
+    return tff.templates.MeasuredProcessOutput(
+        state=tff.federated_zip(state), result=carry['center'],
+        measurements=tff.federated_zip(measurements))

@@ -16,9 +16,9 @@ import tensorflow_federated as tff
 
 from tff_robust import arguments
 from tff_robust import geometric_median
+from tff_robust import iterative
 from tff_robust import iterative_mean
 from tff_robust import numerics
-from tff_robust import unit_weights
 
 COVARIANCES = ('identity', 'diagonal')
 INITIAL_POINTS = ('mean', 'geometric_median')
@@ -84,7 +84,7 @@ def weight_dtype(value_type) -> tf.DType:
   return tf.float64 if tf.float64 in dtypes else tf.float32
 
 
-class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
+class GammaMeanFactory(iterative.IterativeAggregationFactory):
   """The γ-mean of client updates: Gaussian-likelihood-weighted fixed-point means.
 
   The created `tff.templates.AggregationProcess` takes a value at CLIENTS (any
@@ -273,7 +273,7 @@ class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
     self._variance_floor = arguments.check_positive_float(
         'variance_floor', variance_floor)
 
-  # Read by `tff_robust.passwise`, which runs the same iterations one computation each.
+  # The configuration, read by the factory's steps (`GammaSteps`).
   num_iterations = property(lambda self: self._num_iterations, doc='S.')
   covariance = property(lambda self: self._covariance)
   initial_point = property(lambda self: self._initial_point)
@@ -295,65 +295,8 @@ class GammaMeanFactory(unit_weights.WeightedOrUnweightedFactory):
       return self._num_iterations + 1
     return self._num_iterations + _starting_calls(self._gm_factory) + 1
 
-  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    iterative_mean.check_float_structure(value_type)
-    steps = GammaSteps(self, value_type)
-    inner = self._inner.create(steps.inner_value_type, steps.inner_weight_type)
-    use_gm = self._initial_point == 'geometric_median'
-    gm = self._gm_factory.create(value_type, iterative_mean.WEIGHT_TYPE) if use_gm else None
-    num_calls = self.num_calls()
-
-    @tff.federated_computation()
-    def init_fn():
-      state = collections.OrderedDict(inner=inner.initialize())
-      if use_gm:
-        state['initial_point'] = gm.initialize()
-      return tff.federated_zip(state)
-
-    @tff.federated_computation(
-        init_fn.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS))
-    def next_fn(state, value, weight):
-      alpha = iterative_mean.float32_weights(weight_type, weight)
-      inner_state = state.inner
-      measurements = collections.OrderedDict()
-      if use_gm:
-        gm_output = gm.next(state.initial_point, value, alpha)
-        estimate = steps.start_at(gm_output.result, value, alpha)
-        inner_measurements = None
-      else:
-        estimate, inner_state, inner_measurements = steps.start_at_mean(
-            inner, inner_state, value, alpha)
-
-      flags = []
-      for _ in range(self._num_iterations):
-        estimate, inner_state, inner_measurements, flag = steps.iterate(
-            inner, inner_state, estimate, value, alpha)
-        flags.append(flag)
-
-      underflow_vector = iterative_mean.stack_at_server([f[0] for f in flags])
-      measurements['num_secure_average_calls'] = tff.federated_value(
-          num_calls, tff.SERVER)
-      measurements['underflow'] = underflow_vector
-      measurements['num_underflow_passes'] = tff.federated_map(
-          _count_ones, underflow_vector)
-      measurements['capped_clients'] = iterative_mean.stack_at_server(
-          [f[1] for f in flags])
-      measurements['retained_weight'] = iterative_mean.stack_at_server(
-          [f[2] for f in flags])
-      if use_gm:
-        measurements['initial_point'] = gm_output.measurements
-      measurements['inner'] = inner_measurements
-      new_state = collections.OrderedDict(inner=inner_state)
-      if use_gm:
-        new_state['initial_point'] = gm_output.state
-      return tff.templates.MeasuredProcessOutput(
-          state=tff.federated_zip(new_state),
-          result=steps.result(estimate),
-          measurements=tff.federated_zip(measurements))
-
-    return tff.templates.AggregationProcess(init_fn, next_fn)
+  def steps(self, value_type) -> 'GammaSteps':
+    return GammaSteps(self, value_type)
 
 
 @tff.tensorflow.computation(tff.TensorType(np.float32, [None]))
@@ -361,9 +304,16 @@ def _count_ones(vector):
   return tf.cast(tf.reduce_sum(vector), tf.int32)
 
 
-class GammaSteps:
-  """The federated steps of the γ-mean for one value type, shared by
-  `GammaMeanFactory` (one computation) and `tff_robust.passwise` (one per round).
+class GammaSteps(iterative.IterativeSteps):
+  """The passes of one `GammaMeanFactory` for one value type.
+
+  Passes (`tff_robust.iterative`): the starting point, either 'mean' (one inner
+  mean of the α-weighted values and, in the same round, the sum Σ α_i‖x_i‖² behind
+  the first covariance) or the passes of the geometric-median factory's steps
+  (`geometric_median_factory`, run on the carry's `initial_point`) followed by
+  'after_initial_point' (its result μ₀ and one round of scalar sums
+  Σ α_i‖x_i − μ₀‖²); then S 'iteration's, each one inner mean of the γ-weighted
+  values and one sum of five client scalars.
 
   The estimate at SERVER is `<mean, scale, bound>`: μ (value type); the covariance,
   a float64 σ² for 'identity' or the standard deviations σ_j (value type) for
@@ -373,6 +323,9 @@ class GammaSteps:
   """
 
   def __init__(self, factory: GammaMeanFactory, value_type):
+    self.value_type = value_type
+    self._num_iterations = factory.num_iterations
+    self._num_calls = factory.num_calls()
     gamma = factory.gamma_for(value_type)
     p = max(iterative_mean.num_parameters(value_type), 1)
     floor = factory.variance_floor
@@ -544,31 +497,89 @@ class GammaSteps:
     self._advance = advance
     self._mean_of = mean_of
 
-  def start_at_mean(self, inner, inner_state, value, alpha):
+    self._inner = factory.inner_mean_factory.create(self.inner_value_type,
+                                                    self.inner_weight_type)
+    # The starting point's own steps (a factory that is not iterative: its process).
+    self._initial_point = None
+    if factory.initial_point == 'geometric_median':
+      self._initial_point = iterative.steps_of(factory.geometric_median_factory,
+                                               value_type)
+
+  def initialize(self):
+    state = collections.OrderedDict(inner=self._inner.initialize())
+    if self._initial_point is not None:
+      state['initial_point'] = self._initial_point.initialize()
+    return tff.federated_zip(state)
+
+  def start(self, state):
+    carry = {'inner': state.inner}
+    if self._initial_point is not None:
+      carry['initial_point'] = self._initial_point.start(state.initial_point)
+    return carry
+
+  def passes(self):
+    if self._initial_point is None:
+      passes = [iterative.Pass('mean', self._start_at_mean)]
+    else:
+      passes = iterative.nested(self._initial_point, 'initial_point') + [
+          iterative.Pass('after_initial_point', self._start_at_initial_point)]
+    return passes + [iterative.Pass('iteration', self._iterate)] * self._num_iterations
+
+  def _start_at_mean(self, carry, value, alpha):
     """μ₀ = the α-weighted mean (one inner call) and, from the same round, the
     uncentred Σ α_i‖x_i‖² behind the first covariance."""
     step = tff.federated_map(self._start_client, (value, alpha))
-    output = inner.next(inner_state, step[0], step[1])
+    output = self._inner.next(carry['inner'], step[0], step[1])
     sums = tff.federated_sum(step[2])
     estimate = tff.federated_map(self._mean_estimate, (output.result, sums))
-    return estimate, output.state, output.measurements
+    return {'inner': output.state, 'estimate': estimate,
+            'inner_measurements': output.measurements, 'flags': []}
 
-  def start_at(self, center, value, alpha):
-    """μ₀ = `center` (at SERVER), and one round of scalar sums Σ α_i‖x_i − μ₀‖²."""
+  def _start_at_initial_point(self, carry, value, alpha):
+    """μ₀ = the starting point's result, and one round of scalar sums
+    Σ α_i‖x_i − μ₀‖² behind the first covariance."""
+    start = self._initial_point.finish(carry['initial_point'])
     moments = tff.federated_map(
-        self._centered_moment, (tff.federated_broadcast(center), value, alpha))
-    return tff.federated_map(self._centered_estimate,
-                             (center, tff.federated_sum(moments)))
+        self._centered_moment, (tff.federated_broadcast(start.result), value, alpha))
+    estimate = tff.federated_map(self._centered_estimate,
+                                 (start.result, tff.federated_sum(moments)))
+    return {'inner': carry['inner'], 'estimate': estimate,
+            'initial_point_state': start.state,
+            'initial_point_measurements': start.measurements, 'flags': []}
 
-  def iterate(self, inner, inner_state, estimate, value, alpha):
-    """One fixed-point iteration: `(estimate, inner state, inner measurements,
-    <underflow, capped clients, retained weight> at SERVER)`."""
+  def _iterate(self, carry, value, alpha):
+    """One fixed-point iteration: the clients' γ-weights from the broadcast
+    estimate, one inner mean and the sums of `_ITERATION_SUMS`, the next estimate
+    (the same one where every weight underflowed) and <underflow, capped clients,
+    retained weight>."""
+    estimate = carry['estimate']
     step = tff.federated_map(
         self._client_step, (tff.federated_broadcast(estimate), value, alpha))
-    output = inner.next(inner_state, step[0], step[1])
+    output = self._inner.next(carry['inner'], step[0], step[1])
     advanced = tff.federated_map(
         self._advance, (estimate, output.result, tff.federated_sum(step[2])))
-    return advanced[0], output.state, output.measurements, advanced[1]
+    return dict(carry, inner=output.state, estimate=advanced[0],
+                inner_measurements=output.measurements,
+                flags=carry['flags'] + [advanced[1]])
 
-  def result(self, estimate):
-    return tff.federated_map(self._mean_of, estimate)
+  def finish(self, carry):
+    flags = carry['flags']
+    underflow = iterative_mean.stack_at_server([f[0] for f in flags])
+    measurements = collections.OrderedDict()
+    measurements['num_secure_average_calls'] = tff.federated_value(
+        self._num_calls, tff.SERVER)
+    measurements['underflow'] = underflow
+    measurements['num_underflow_passes'] = tff.federated_map(_count_ones, underflow)
+    measurements['capped_clients'] = iterative_mean.stack_at_server(
+        [f[1] for f in flags])
+    measurements['retained_weight'] = iterative_mean.stack_at_server(
+        [f[2] for f in flags])
+    state = collections.OrderedDict(inner=carry['inner'])
+    if self._initial_point is not None:
+      measurements['initial_point'] = carry['initial_point_measurements']
+      state['initial_point'] = carry['initial_point_state']
+    measurements['inner'] = carry['inner_measurements']
+    return tff.templates.MeasuredProcessOutput(
+        state=tff.federated_zip(state),
+        result=tff.federated_map(self._mean_of, carry['estimate']),
+        measurements=tff.federated_zip(measurements))

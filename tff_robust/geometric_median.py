@@ -14,11 +14,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_robust import arguments
+from tff_robust import iterative
 from tff_robust import iterative_mean
 from tff_robust import numerics
 from tff_robust import robust_scale
 from tff_robust import type_checks
-from tff_robust import unit_weights
 
 INITIAL_POINTS = ('mean', 'zero', 'previous')
 DEFAULT_INITIAL_POINT = 'zero'  # Chosen by `benchmarks/gm_start_study.py`.
@@ -92,7 +92,7 @@ def weiszfeld_beta(weight, distance, nu):
   return tf.cast(weight, tf.float64) / tf.maximum(distance, nu)
 
 
-class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
+class GeometricMedianFactory(iterative.IterativeAggregationFactory):
   """Geometric median of client updates by the smoothed Weiszfeld algorithm.
 
   The created `tff.templates.AggregationProcess` takes a value at CLIENTS (a model
@@ -281,7 +281,7 @@ class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
     """R: the inner-mean (secure-average) calls of every `next`."""
     return self._num_passes
 
-  # Read by `tff_robust.passwise`, which runs the same passes one computation each.
+  # The configuration, read by the factory's steps (`WeiszfeldSteps`).
   nu = property(lambda self: self._nu,
                 doc='The absolute smoothing floor ν, or None if it is relative.')
   relative_nu = property(lambda self: self._relative_nu,
@@ -293,106 +293,51 @@ class GeometricMedianFactory(unit_weights.WeightedOrUnweightedFactory):
   report_max_effective_weight = property(lambda self: self._report_max_weight)
   report_objective = property(lambda self: self._report_objective)
 
-  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    iterative_mean.check_float_structure(value_type)
-    inner = self._inner.create(value_type, BETA_TYPE)
-    steps = WeiszfeldSteps(self, value_type)
-    warm_start = self._initial_point == 'previous'
-
-    @tff.federated_computation()
-    def init_fn():
-      if warm_start:
-        return steps.warm_state(inner.initialize(), steps.zero_start())
-      return inner.initialize()
-
-    @tff.federated_computation(
-        init_fn.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS),
-    )
-    def next_fn(state, value, weight):
-      alpha = iterative_mean.float32_weights(weight_type, weight)
-      if warm_start:
-        start = state[PREVIOUS_AGGREGATE]
-        nu = steps.smoothing(start, value, alpha)
-        first = steps.first_pass(inner, state.inner, value, alpha, nu, start=start)
-      else:
-        nu = steps.smoothing(None, value, alpha) if steps.zero_start_pass else None
-        first = steps.first_pass(inner, state, value, alpha, nu)
-      output, center = first['output'], first['output'].result
-      effective_weights = [first.get('max_weight')]
-      floors = [nu] if nu is not None else []
-      loop = steps.loop_start()
-      alpha_sum = tff.federated_sum(alpha) if self._num_passes > 1 else None
-      objectives, relative_gradients = [], []
-      for r in range(2, self._num_passes + 1):
-        nu = steps.smoothing(center, value, alpha)
-        step = steps.weiszfeld_pass(inner, output.state, center, loop, r, value, alpha,
-                                    alpha_sum, nu)
-        output, center, loop = step['output'], step['center'], step['loop']
-        objectives.append(step['objective'])
-        relative_gradients.append(step['relative_gradient'])
-        effective_weights.append(step.get('max_weight'))
-        floors.append(nu)
-      if self._report_objective:
-        objectives.append(steps.objective(center, value, alpha, nu))
-      measurements = self.measurements(
-          objectives, loop['passes'], loop['frozen_at'], relative_gradients,
-          effective_weights, floors, output.measurements,
-          stack=iterative_mean.stack_at_server,
-          max_of=lambda v: tff.federated_map(iterative_mean.max_of_vector, v),
-          constant=lambda x: tff.federated_value(x, tff.SERVER))
-      return tff.templates.MeasuredProcessOutput(
-          state=steps.warm_state(output.state, center) if warm_start else output.state,
-          result=center,
-          measurements=tff.federated_zip(measurements),
-      )
-
-    return tff.templates.AggregationProcess(init_fn, next_fn)
-
-  def measurements(self, objectives, passes, frozen_at, relative_gradients,
-                   max_weights, floors, inner_measurements, stack, max_of, constant):
-    """The measurements of one `next`, from per-pass values; `stack`, `max_of` and
-    `constant` make vectors, maxima and constants of them (federated values in the
-    single computation, numpy in `tff_robust.passwise`)."""
-    measurements = collections.OrderedDict()
-    if self._report_objective:
-      measurements['objective'] = stack(objectives, tf.float64)
-    measurements['num_secure_average_calls'] = constant(np.int32(self._num_passes))
-    measurements['num_passes_applied'] = passes
-    measurements['frozen_at_pass'] = frozen_at
-    measurements['relative_gradient'] = stack(relative_gradients, tf.float64)
-    measurements['nu'] = stack(floors, tf.float64)
-    if self._report_max_weight:
-      measurements['max_effective_weight'] = max_of(stack(max_weights, tf.float32))
-    measurements['inner'] = inner_measurements
-    return measurements
+  def steps(self, value_type) -> 'WeiszfeldSteps':
+    return WeiszfeldSteps(self, value_type)
 
 
 # The Weiszfeld weights β_i reach the inner mean in float64 (see `weiszfeld_beta`).
 BETA_TYPE = tff.TensorType(np.float64)
 
 
-class WeiszfeldSteps:
-  """The federated steps of one `GeometricMedianFactory` for one value type.
+class WeiszfeldSteps(iterative.IterativeSteps):
+  """The passes of one `GeometricMedianFactory` for one value type.
 
-  `GeometricMedianFactory.create` chains them inside one TFF computation;
-  `tff_robust.passwise` runs each aggregation as its own computation. Every method is
-  called inside a `tff.federated_computation` with values at CLIENTS and the current
-  estimate and ν at SERVER; `alpha` are float32 client weights, β float64.
+  Passes (`tff_robust.iterative`), for R = `num_communication_passes`:
+
+  *   'floor' (relative ν only, before every step from an estimate): ν from the sum
+      of the clients' histograms of distances to the estimate (to zero for the zero
+      start's pass 1).
+  *   'first': pass 1, one inner mean with β_i = α_i / max(ν, ‖w_i − v‖) from v = 0
+      or the previous aggregate (β_i = α_i for the mean start), and Σα for the
+      relative gradients.
+  *   'weiszfeld' (passes 2, ..., R): β_i and g_ν(v) from the broadcast v, one inner
+      mean, and the freezing rule at SERVER.
+  *   'objective' (with `report_objective`): g_ν of the final estimate, a sum of
+      client scalars (after a 'floor' of its own for the mean start's single pass).
+
+  The carry: `inner` (the inner mean's state), `center` (the estimate; before pass 1
+  the warm start's previous aggregate, absent for the zero and mean starts), `nu` (the
+  last relative floor), and from pass 1 on `loop` (<frozen, frozen_at, passes>),
+  `alpha_sum` (R > 1), `inner_measurements` and the per-pass lists behind the
+  measurements (`floors`, `objectives`, `relative_gradients`, `max_weights`).
+  `alpha` are float32 client weights, β float64.
   """
 
   def __init__(self, factory: GeometricMedianFactory, value_type):
     tolerance = factory.tolerance
-    absolute_nu, relative_nu = factory.nu, factory.relative_nu
-    self.relative = relative_nu is not None
-    self._absolute_nu = absolute_nu
-    self.zero_start_pass = factory.initial_point == 'zero'
-    self.warm_start = factory.initial_point == 'previous'
+    self.value_type = value_type
+    self._num_passes = factory.num_communication_passes
+    self._start = factory.initial_point
+    self._absolute_nu = factory.nu
+    self._relative = factory.relative_nu is not None
     self._report_max_weight = factory.report_max_effective_weight
+    self._report_objective = factory.report_objective
+    self._inner = factory.inner_mean_factory.create(value_type, BETA_TYPE)
 
-    if self.relative:
-      self._define_floor_statistics(value_type, relative_nu)
+    if self._relative:
+      self._define_floor_statistics(value_type, factory.relative_nu)
 
     @tff.tensorflow.computation(value_type, tf.float32, tf.float64)
     def weight_from_norm(value, weight, nu):
@@ -457,7 +402,6 @@ class WeiszfeldSteps:
     self._objective_term = objective_term
     self._advance = advance
     self._not_frozen = not_frozen
-    self.loop_type = not_frozen.type_signature.result
 
   def _define_floor_statistics(self, value_type, relative_nu):
     """The client and server computations of the relative ν (`smoothing`)."""
@@ -481,90 +425,144 @@ class WeiszfeldSteps:
     self._scale_statistics = statistics_from_distance
     self._floor_from_statistics = floor_from_statistics
 
-  def loop_start(self):
-    """`<frozen, frozen_at, passes>` at SERVER before pass 2."""
-    return tff.federated_eval(self._not_frozen, tff.SERVER)
+  def initialize(self):
+    if self._start == 'previous':
+      # The zero update before the first `next`: the first call equals the zero start.
+      return _warm_state(self._inner.initialize(),
+                         tff.federated_eval(self._zero_value, tff.SERVER))
+    return self._inner.initialize()
 
-  def zero_start(self):
-    """The zero update at SERVER: the warm start's point before the first `next`."""
-    return tff.federated_eval(self._zero_value, tff.SERVER)
+  def start(self, state):
+    if self._start == 'previous':
+      return {'inner': state.inner, 'center': state[PREVIOUS_AGGREGATE]}
+    return {'inner': state}
 
-  def smoothing(self, center, value, alpha):
-    """ν at SERVER (float64) for a step from `center` at SERVER (None: from zero).
+  def passes(self):
+    floor = [iterative.Pass('floor', self._floor)] if self._relative else []
+    passes = []
+    if self._start != 'mean':
+      passes += floor
+    passes.append(iterative.Pass('first', self._first_pass))
+    for _ in range(2, self._num_passes + 1):
+      passes += floor + [iterative.Pass('weiszfeld', self._weiszfeld_pass)]
+    if self._report_objective:
+      if self._start == 'mean' and self._num_passes == 1:
+        passes += floor  # The mean start's only pass has no floor to reuse.
+      passes.append(iterative.Pass('objective', self._objective_pass))
+    return passes
 
-    Relative: `relative_nu` × the robust typical distance of the clients to the
-    center, from one federated sum of `robust_scale.client_statistics` (an
-    aggregation of its own, before the pass's weights). Absolute: the constant.
-    """
-    if not self.relative:
-      return tff.federated_value(np.float64(self._absolute_nu), tff.SERVER)
-    if center is None:
-      statistics = tff.federated_map(self._scale_statistics_from_norm, (value, alpha))
-    else:
+  def _nu(self, carry):
+    """ν of a step at SERVER (float64): the last relative floor, or the constant."""
+    if self._relative:
+      return carry['nu']
+    return tff.federated_value(np.float64(self._absolute_nu), tff.SERVER)
+
+  def _floor(self, carry, value, alpha):
+    """Relative: `relative_nu` × the robust typical distance of the clients to the
+    estimate (to zero before the zero start's pass 1), from one federated sum of
+    `robust_scale.client_statistics`, before the step that uses it."""
+    if 'center' in carry:
       statistics = tff.federated_map(
-          self._scale_statistics, (tff.federated_broadcast(center), value, alpha))
-    return tff.federated_map(self._floor_from_statistics,
-                             tff.federated_sum(statistics))
-
-  @staticmethod
-  def warm_state(inner_state, previous_aggregate):
-    """The state of `initial_point='previous'` at SERVER."""
-    return tff.federated_zip(collections.OrderedDict(
-        [('inner', inner_state), (PREVIOUS_AGGREGATE, previous_aggregate)]))
-
-  def first_pass(self, inner, state, value, alpha, nu, start=None):
-    """Pass 1 (from `start` at SERVER for the warm start; `nu` at SERVER, None for
-    the mean start): `{output, max_weight?}`; `state` is the inner process's."""
-    if self.warm_start:
-      beta = tff.federated_map(
-          self._weight_from_distance,
-          (tff.federated_broadcast(start), value, alpha, tff.federated_broadcast(nu)))
-    elif self.zero_start_pass:
-      beta = tff.federated_map(self._weight_from_norm,
-                               (value, alpha, tff.federated_broadcast(nu)))
+          self._scale_statistics,
+          (tff.federated_broadcast(carry['center']), value, alpha))
     else:
-      beta = tff.federated_map(_as_beta, alpha)
-    result = collections.OrderedDict(output=inner.next(state, value, beta))
-    if self._report_max_weight:
-      result['max_weight'] = _max_effective_weight(beta, tff.federated_sum(beta))
-    return result
+      statistics = tff.federated_map(self._scale_statistics_from_norm, (value, alpha))
+    nu = tff.federated_map(self._floor_from_statistics, tff.federated_sum(statistics))
+    return dict(carry, nu=nu)
 
-  def weiszfeld_pass(self, inner, state, center, loop, this_pass, value, alpha,
-                     alpha_sum, nu):
-    """Pass `this_pass` ≥ 2 (an int, or an int32 at SERVER) from `center` with the
-    floor `nu` (both at SERVER): `{output, center, loop, objective (g_ν of the
-    broadcast center), relative_gradient, max_weight?}`."""
+  def _first_pass(self, carry, value, alpha):
+    """Pass 1: a Weiszfeld step from zero or the previous aggregate, or the mean."""
+    if self._start == 'mean':
+      nu, beta = None, tff.federated_map(_as_beta, alpha)
+    else:
+      nu = self._nu(carry)
+      if self._start == 'previous':
+        beta = tff.federated_map(self._weight_from_distance, (
+            tff.federated_broadcast(carry['center']), value, alpha,
+            tff.federated_broadcast(nu)))
+      else:
+        beta = tff.federated_map(self._weight_from_norm,
+                                 (value, alpha, tff.federated_broadcast(nu)))
+    output = self._inner.next(carry['inner'], value, beta)
+    carry = dict(carry, inner=output.state, center=output.result,
+                 inner_measurements=output.measurements,
+                 loop=tff.federated_eval(self._not_frozen, tff.SERVER),
+                 floors=[] if nu is None else [nu], objectives=[],
+                 relative_gradients=[], max_weights=[])
+    if self._report_max_weight:
+      carry['max_weights'] = [_max_effective_weight(beta, tff.federated_sum(beta))]
+    if self._num_passes > 1:
+      carry['alpha_sum'] = tff.federated_sum(alpha)
+    return carry
+
+  def _weiszfeld_pass(self, carry, value, alpha):
+    """Pass r ≥ 2 from the broadcast estimate v: β_i and the objective g_ν(v), one
+    inner mean, and v kept instead of the step once the relative gradient is at most
+    `tolerance`."""
+    this_pass = len(carry['relative_gradients']) + 2
+    nu, center, loop = self._nu(carry), carry['center'], carry['loop']
     beta_and_term = tff.federated_map(
         self._weiszfeld_weight,
         (tff.federated_broadcast(center), value, alpha, tff.federated_broadcast(nu)))
     beta = beta_and_term[0]
     # One sum of the pair gives Σβ and g_ν(center) (fewer per-client operations).
     beta_sum_and_objective = tff.federated_sum(beta_and_term)
-    output = inner.next(state, value, beta)
-    if isinstance(this_pass, int):
-      this_pass = tff.federated_value(this_pass, tff.SERVER)
+    output = self._inner.next(carry['inner'], value, beta)
     advanced = tff.federated_map(self._advance, (
         center, output.result, loop['frozen'], loop['frozen_at'], loop['passes'],
-        this_pass, beta_sum_and_objective[0], alpha_sum))
-    result = collections.OrderedDict(
-        output=output, center=advanced['center'],
+        tff.federated_value(this_pass, tff.SERVER), beta_sum_and_objective[0],
+        carry['alpha_sum']))
+    carry = dict(
+        carry, inner=output.state, center=advanced['center'],
+        inner_measurements=output.measurements,
         loop=tff.federated_zip(collections.OrderedDict(
             frozen=advanced['frozen'], frozen_at=advanced['frozen_at'],
             passes=advanced['passes'])),
-        objective=beta_sum_and_objective[1],
-        relative_gradient=advanced['relative_gradient'])
+        floors=carry['floors'] + [nu],
+        objectives=carry['objectives'] + [beta_sum_and_objective[1]],
+        relative_gradients=carry['relative_gradients'] + [
+            advanced['relative_gradient']])
     if self._report_max_weight:
-      result['max_weight'] = _max_effective_weight(beta, beta_sum_and_objective[0])
-    return result
+      carry['max_weights'] = carry['max_weights'] + [
+          _max_effective_weight(beta, beta_sum_and_objective[0])]
+    return carry
 
-  def objective(self, center, value, alpha, nu):
-    """g_ν(center) at SERVER (float64), with the floor `nu` at SERVER (None for a
-    mean start's single pass: then ν is the floor the pass after it would use)."""
-    if nu is None:
-      nu = self.smoothing(center, value, alpha)
-    return tff.federated_sum(tff.federated_map(
-        self._objective_term,
-        (tff.federated_broadcast(center), value, alpha, tff.federated_broadcast(nu))))
+  def _objective_pass(self, carry, value, alpha):
+    """g_ν of the final estimate, with the floor of the last step (the mean start's
+    single pass: the floor a step from its estimate would use)."""
+    nu = self._nu(carry)
+    objective = tff.federated_sum(tff.federated_map(self._objective_term, (
+        tff.federated_broadcast(carry['center']), value, alpha,
+        tff.federated_broadcast(nu))))
+    return dict(carry, objectives=carry['objectives'] + [objective])
+
+  def finish(self, carry):
+    stack = iterative_mean.stack_at_server
+    measurements = collections.OrderedDict()
+    if self._report_objective:
+      measurements['objective'] = stack(carry['objectives'], tf.float64)
+    measurements['num_secure_average_calls'] = tff.federated_value(
+        np.int32(self._num_passes), tff.SERVER)
+    measurements['num_passes_applied'] = carry['loop']['passes']
+    measurements['frozen_at_pass'] = carry['loop']['frozen_at']
+    measurements['relative_gradient'] = stack(carry['relative_gradients'], tf.float64)
+    measurements['nu'] = stack(carry['floors'], tf.float64)
+    if self._report_max_weight:
+      measurements['max_effective_weight'] = tff.federated_map(
+          iterative_mean.max_of_vector, stack(carry['max_weights'], tf.float32))
+    measurements['inner'] = carry['inner_measurements']
+    state = carry['inner']
+    if self._start == 'previous':
+      state = _warm_state(state, carry['center'])
+    return tff.templates.MeasuredProcessOutput(
+        state=state, result=carry['center'],
+        measurements=tff.federated_zip(measurements))
+
+
+def _warm_state(inner_state, previous_aggregate):
+  """The state of `initial_point='previous'` at SERVER."""
+  return tff.federated_zip(collections.OrderedDict(
+      [('inner', inner_state), (PREVIOUS_AGGREGATE, previous_aggregate)]))
 
 
 @tff.tensorflow.computation(tf.float32)
