@@ -234,7 +234,9 @@ class CenteredClippingSteps(iterative.IterativeSteps):
     return carry
 
   def passes(self):
-    passes = [iterative.Pass('mean', self._start_at_mean)] if self._start == 'mean' else []
+    passes = []
+    if self._start == 'mean':
+      passes.append(iterative.Pass('mean', self._start_at_mean))
     passes += [iterative.Pass('iteration', self._iterate)] * (self._num_iterations - 1)
     return passes + [iterative.Pass('last_iteration', self._last_iteration)]
 
@@ -250,8 +252,8 @@ class CenteredClippingSteps(iterative.IterativeSteps):
     # CLIENTS would copy every client's update once more.
     step = tff.federated_map(self._clip_step, (broadcast, value))
     output = self._inner.next(carry['inner'], step, alpha)
-    carry = dict(carry, inner=output.state,
-                 center=tff.federated_map(self._advance, (carry['center'], output.result)),
+    center = tff.federated_map(self._advance, (carry['center'], output.result))
+    carry = dict(carry, inner=output.state, center=center,
                  inner_measurements=output.measurements)
     if count_clipped:
       # (clipped clients, clients of weight > 0) at this centre.

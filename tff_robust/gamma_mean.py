@@ -136,8 +136,9 @@ class GammaMeanFactory(iterative.IterativeAggregationFactory):
 
   Initial point μ₀: `'mean'` (one call, weights α_i) or `'geometric_median'` (the
   passes of `geometric_median_factory`, default
-  `GeometricMedianFactory(inner_mean_factory=inner_mean_factory)`, run as a composed
-  process). Then `num_iterations` iterations S follow. The first iteration's
+  `GeometricMedianFactory(inner_mean_factory=inner_mean_factory)`; a factory that is
+  not a `tff_robust.iterative.IterativeAggregationFactory` runs as its own process,
+  one pass). Then `num_iterations` iterations S follow. The first iteration's
   covariance is isotropic, from a sum of α_i‖x_i − c‖²: for the mean start c = 0 (the
   same call, so no extra round; uncentred, an over-estimate of the spread about μ₀
   that cannot cancel), after the geometric median c = μ₀ (one extra round of scalar

@@ -13,7 +13,7 @@ state, how a call starts from the state, the passes of a call, and how it ends
 
 *   `fused_process`: every pass inside one `tff.federated_computation`, the
     `tff.templates.AggregationProcess` that the factories' `create` returns (the
-    drop-in for `model_aggregator=` of `tff.learning.algorithms.build_weighted_fed_avg`).
+    drop-in for `model_aggregator=` of `build_weighted_fed_avg`).
 *   `PassByPass`: one TFF computation per pass, called in order from Python
     (`tff_robust.passwise`). Each holds a single round of aggregation, so it runs in
     any TFF context, TFF's mergeable multi-worker one included, which refuses the fused
@@ -85,7 +85,8 @@ class IterativeSteps(abc.ABC):
     federated value at SERVER, from the carry after the last pass."""
 
 
-def fused_process(steps: IterativeSteps, weight_type) -> tff.templates.AggregationProcess:
+def fused_process(steps: IterativeSteps,
+                  weight_type) -> tff.templates.AggregationProcess:
   """Every pass of `steps` in one computation: the process
   `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, value@SERVER,
   measurements@SERVER>)` with `steps`' state, result and measurements."""
@@ -293,7 +294,8 @@ class IterativeAggregationFactory(unit_weights.WeightedOrUnweightedFactory):
   def steps(self, value_type) -> IterativeSteps:
     """The aggregate's steps for `value_type` (a checked structure of floats)."""
 
-  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def create_weighted(self, value_type,
+                      weight_type) -> tff.templates.AggregationProcess:
     iterative_mean.check_float_structure(value_type)
     return fused_process(self.steps(value_type), weight_type)
 

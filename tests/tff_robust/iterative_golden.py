@@ -12,7 +12,8 @@ flattened into one dict of arrays.
     python -m tests.tff_robust.iterative_golden record DIRECTORY [CONFIG ...]
     python -m tests.tff_robust.iterative_golden compare DIRECTORY [CONFIG ...]
 
-`record` writes one `CONFIG.npz` per configuration; `compare` is bit for bit (same keys, dtypes, shapes and bytes); `test_iterative_golden`
+`record` writes one `CONFIG.npz` per configuration; `compare` is bit for bit (same
+keys, dtypes, shapes and bytes); `test_iterative_golden`
 runs the registry's configurations against the committed file with a tolerance.
 """
 
@@ -212,7 +213,8 @@ def run_config(name, drivers=('fused', 'passwise', 'unweighted'), dtypes=tuple(D
 def differences(expected, actual, exact=True, rtol=1e-6):
   """Human-readable differences between two flattened outputs."""
   problems = []
-  missing, extra = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
+  missing = sorted(set(expected) - set(actual))
+  extra = sorted(set(actual) - set(expected))
   problems += [f'missing {k}' for k in missing] + [f'extra {k}' for k in extra]
   for key in sorted(set(expected) & set(actual)):
     e, a = expected[key], actual[key]

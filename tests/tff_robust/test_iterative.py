@@ -165,7 +165,8 @@ class DriversTest(parameterized.TestCase):
       tff.backends.native.compile_to_mergeable_comp_form(fused.next)
 
   def test_passes_with_the_same_carry_share_a_computation(self):
-    driver = iterative.PassByPass(ReweightedMeanSteps(VALUE_TYPE, 4, False), WEIGHT_TYPE)
+    driver = iterative.PassByPass(ReweightedMeanSteps(VALUE_TYPE, 4, False),
+                                  WEIGHT_TYPE)
     # 'mean' (from the state), three middle 'reweight's (carry to carry, all with
     # the same carry), the last 'reweight' (to the output).
     first, *middle, last = driver.computations
