@@ -4,6 +4,7 @@ import collections
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -73,6 +74,7 @@ class RobustProcessTest(parameterized.TestCase):
         fed_avg.next(fed_avg.initialize(), data).state)
     np.testing.assert_allclose(flat(robust_weights), flat(fed_avg_weights), atol=1e-6)
 
+  @pytest.mark.slow  # Long: seven learning processes, two rounds each.
   def test_options_are_passed_through(self):
     # Clients of 4, 8 and 24 examples (uniform and by-example weights differ) and two
     # rounds (server momentum shows in the second): the drop-in equals TFF's builder

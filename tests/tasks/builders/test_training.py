@@ -5,12 +5,17 @@ from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import builders
 from tasks.simulation import evaluation
 import tff_robust
+
+# Long training (every bundled task's model: CNNs, an LSTM): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
 
 
 def _run_rfa(task, num_rounds, clients_per_round, poisoned_clients=()):

@@ -38,6 +38,7 @@ def _spec(**fields) -> sweep.SweepSpec:
 
 class SweepTest(parameterized.TestCase):
 
+  @pytest.mark.slow  # Long: eight training runs, then the plots.
   def test_table_plots_and_resume(self):
     output_dir = tempfile.mkdtemp(prefix='test_sweep_')
     self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
