@@ -1,7 +1,7 @@
 """The simulation's one round loop: sampling, corruption, aggregation, evaluation.
 
 Everything that belongs to *simulating* an attack lives here, never inside an
-aggregation factory a user deploys (DESIGN.md): the corrupted set C is drawn once per
+aggregation factory a user deploys (docs/design.md): the corrupted set C is drawn once per
 run (`attacks.select_corrupted_clients`), the clients of a round are sampled here,
 corrupted clients train on poisoned data or have their updates replaced here, and the
 model is always evaluated on clean test data.
