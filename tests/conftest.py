@@ -19,7 +19,8 @@ from tff_robust import runtime  # pylint: disable=g-import-not-at-top
 def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: starts programs that load TensorFlow (binaries, benchmarks, '
-      'worker processes) or trains for long; `pytest -m "not slow"` leaves it out')
+      'worker processes) or trains end to end (learning processes, runs with '
+      'checkpoints, sweeps, bundled tasks); `pytest -m "not slow"` leaves it out')
   # The project's own code must run under -W error::DeprecationWarning: what warns on
   # this Python fails on a later one (e.g. randrange with a float on 3.12). Warnings
   # raised from dependencies' modules stay warnings.

@@ -5,6 +5,7 @@ by the compiled-computation walk); by name; inside TFF's FedAvg builder."""
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -219,6 +220,7 @@ class SecureInnerMeanTest(cases.SecureSumContextMixin, tf.test.TestCase):
     np.testing.assert_allclose(run(privacy.secure_mean()), run(None), atol=1e-3)
 
 
+@pytest.mark.slow  # Trains end to end: a round of TFF's FedAvg builder.
 class FedAvgBuilderTest(tf.test.TestCase):
 
   def test_one_round_of_arc_krum_in_build_weighted_fed_avg(self):

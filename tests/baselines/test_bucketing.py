@@ -4,6 +4,7 @@ inside TFF's FedAvg builder."""
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from baselines import bucketing
@@ -94,6 +95,7 @@ class BucketingTest(parameterized.TestCase):
                                    seed=seed)
 
 
+@pytest.mark.slow  # Trains end to end: a round of TFF's FedAvg builder.
 class FedAvgBuilderTest(tf.test.TestCase):
 
   def test_one_round_of_bucketing_gm_in_build_weighted_fed_avg(self):

@@ -4,6 +4,7 @@ then the inner rule; by name through the registry; inside TFF's FedAvg builder."
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from baselines import centered_clipping
@@ -116,6 +117,7 @@ class NearestNeighborMixingTest(parameterized.TestCase):
       build()
 
 
+@pytest.mark.slow  # Trains end to end: a round of TFF's FedAvg builder.
 class FedAvgBuilderTest(tf.test.TestCase):
 
   def test_one_round_of_build_weighted_fed_avg(self):

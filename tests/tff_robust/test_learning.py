@@ -10,6 +10,10 @@ import tensorflow_federated as tff
 
 import tff_robust
 
+# Trains end to end (TFF learning processes around the geometric median): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
+
 INPUT_SPEC = (tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([None], tf.int32))
 
 
@@ -74,7 +78,6 @@ class RobustProcessTest(parameterized.TestCase):
         fed_avg.next(fed_avg.initialize(), data).state)
     np.testing.assert_allclose(flat(robust_weights), flat(fed_avg_weights), atol=1e-6)
 
-  @pytest.mark.slow  # Long: seven learning processes, two rounds each.
   def test_options_are_passed_through(self):
     # Clients of 4, 8 and 24 examples (uniform and by-example weights differ) and two
     # rounds (server momentum shows in the second): the drop-in equals TFF's builder

@@ -16,6 +16,7 @@ import collections
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -134,6 +135,9 @@ def client_datasets():
       x=data[i:i + 1], y=labels[i:i + 1])).batch(1) for i in range(NUM_DATA_POINTS)]
 
 
+# Trains end to end: a round of the RFA learning process per case (the numbers of the
+# aggregation cases above).
+@pytest.mark.slow
 class OriginalLearningProcessCasesTest(parameterized.TestCase):
   """The original test's shape: one round of the learning process, then the model."""
 

@@ -7,6 +7,7 @@ import tempfile
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -226,6 +227,7 @@ def _ids_as_bytes(store):
   return store
 
 
+@pytest.mark.slow  # Trains end to end: rounds and evaluation on bundled data.
 class BundledEndToEndTest(tf.test.TestCase, parameterized.TestCase):
   """A short run on the bundled MNIST digits (Dirichlet label skew, 10 classes)."""
 

@@ -13,6 +13,7 @@ from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -21,6 +22,10 @@ from tasks import registry
 from tasks.simulation import experiment
 from tasks.simulation import loop
 from tests.helpers import run_files
+
+# Trains end to end (runs with checkpoints and TensorBoard files): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
 
 _FINISHED = 3  # Rounds of the run that every case damages.
 _ROUNDS = 4  # Rounds the resumed run finishes.

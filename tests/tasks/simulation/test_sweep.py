@@ -36,9 +36,9 @@ def _spec(**fields) -> sweep.SweepSpec:
                              client_learning_rate=loop.StepSchedule(0.1)), **fields)
 
 
+@pytest.mark.slow  # Trains end to end: sweeps of training runs.
 class SweepTest(parameterized.TestCase):
 
-  @pytest.mark.slow  # Long: eight training runs, then the plots.
   def test_table_plots_and_resume(self):
     output_dir = tempfile.mkdtemp(prefix='test_sweep_')
     self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
@@ -107,6 +107,7 @@ def _blow_up_attacked_runs_at_round_1(run_round):
   return patched
 
 
+@pytest.mark.slow  # Trains end to end: a sweep of training runs.
 class DivergenceSweepTest(parameterized.TestCase):
 
   def test_a_diverged_run_is_entered_and_the_sweep_goes_on(self):
@@ -143,6 +144,7 @@ class DivergenceSweepTest(parameterized.TestCase):
         f'[2/2] {mean_run.name}: finished, skipped.'])
 
 
+@pytest.mark.slow  # Trains end to end: a sweep of training runs.
 class FailedRunSweepTest(parameterized.TestCase):
 
   def test_a_run_that_cannot_train_is_marked_and_the_sweep_goes_on(self):
@@ -176,6 +178,7 @@ class FailedRunSweepTest(parameterized.TestCase):
     self.assertIn('[2/4] krum_sign_flip_rho0.45_seed0: failed: ', messages[1])
 
 
+@pytest.mark.slow  # Trains end to end: sweeps of training runs, ledgers.
 class LedgerSweepTest(parameterized.TestCase):
 
   def test_a_ledger_stands_in_for_the_run_directories(self):
@@ -269,7 +272,7 @@ class LedgerSweepTest(parameterized.TestCase):
     self.assertTrue(os.path.exists(os.path.join(sweep.run_dir(output_dir, free),
                                                 sweep.FINGERPRINT_FILE)))
 
-  @pytest.mark.slow  # Two Python processes that build the task.
+  # Also starts two Python processes that build the task.
   def test_the_fingerprint_is_the_same_in_another_process(self):
     code = (
         'from tasks import builders; from tasks.simulation import loop, sweep; '
