@@ -8,6 +8,9 @@ import sys
 
 from tff_robust.distributed import runtime
 
+# The repository's root: programs started from there import its packages.
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def quiet_env() -> dict[str, str]:
   return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')

@@ -21,7 +21,7 @@ from tff_robust.distributed import worker_launcher
 # `pytest -m "not slow"` tier.
 pytestmark = pytest.mark.slow
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO = processes.REPOSITORY
 # Generous: a subprocess that hangs fails the test instead of the session; nothing
 # here waits a fixed time for something to happen.
 _HANG = 300

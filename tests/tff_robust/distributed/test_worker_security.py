@@ -39,7 +39,7 @@ from tff_robust.distributed import worker_credentials
 from tff_robust.distributed import worker_launcher
 from tff_robust.distributed import worker_network
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO = processes.REPOSITORY
 # Generous: a subprocess that hangs fails the test instead of the session; nothing
 # here waits a fixed time for something to happen.
 _HANG = 300
