@@ -84,8 +84,24 @@ def to_vector(structure):
 DIMENSION = sum(int(np.prod(s)) for s in SHAPES.values())
 
 
-def aggregate(factory, points, weights):
-  process = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+# Processes by their factory's arguments: tracing one costs ~1 s, and a process runs
+# any number of clients, so the cases of one configuration share it.
+_PROCESSES = {}
+
+
+def gm_process(filtered=False, **kwargs):
+  """The process of `GeometricMedianFactory(**kwargs)` (behind
+  `NonfiniteFilteringFactory` if `filtered`) for VALUE_TYPE, created once."""
+  key = (filtered, tuple(sorted(kwargs.items())))
+  if key not in _PROCESSES:
+    factory = tff_robust.GeometricMedianFactory(**kwargs)
+    if filtered:
+      factory = tff_robust.NonfiniteFilteringFactory(factory)
+    _PROCESSES[key] = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+  return _PROCESSES[key]
+
+
+def aggregate(process, points, weights):
   output = process.next(
       process.initialize(),
       [to_structure(p) for p in np.asarray(points)],
@@ -135,8 +151,7 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
 
     # The paper's start is one argument away from the default.
     actual, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(
-            num_communication_passes=passes, nu=nu, initial_point=start),
+        gm_process(num_communication_passes=passes, nu=nu, initial_point=start),
         points, weights)
 
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
@@ -153,7 +168,8 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
     points, weights = rng.normal(size=(6, DIMENSION)), rng.uniform(1, 9, size=6)
     beta = weights / np.maximum(1e-6, np.linalg.norm(points, axis=1))
     actual, measurements = aggregate(
-        tff_robust.one_step_geometric_median_factory(), points, weights)
+        tff_robust.one_step_geometric_median_factory().create(VALUE_TYPE, WEIGHT_TYPE),
+        points, weights)
     self.assertLessEqual(relative_error(actual, beta @ points / beta.sum()), 1e-5)
     self.assertEqual(measurements['num_secure_average_calls'], 1)
 
@@ -161,7 +177,7 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
     # Lemma 13: g_ν strictly decreases along the iterates until the optimum.
     rng = np.random.default_rng(5)
     _, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(num_communication_passes=5, tolerance=0.0),
+        gm_process(num_communication_passes=5, tolerance=0.0),
         rng.standard_cauchy(size=(9, DIMENSION)), np.ones(9))
     self.assertTrue(np.all(np.diff(measurements['objective']) <= 1e-6))
 
@@ -169,8 +185,7 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
     rng = np.random.default_rng(6)
     points, weights = rng.normal(size=(5, DIMENSION)), rng.uniform(1, 10, size=5)
     _, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(num_communication_passes=1, initial_point='mean'),
-        points, weights)
+        gm_process(num_communication_passes=1, initial_point='mean'), points, weights)
     self.assertAlmostEqual(
         measurements['max_effective_weight'], weights.max() / weights.sum(), places=6)
 
@@ -217,10 +232,8 @@ class WarmStartTest(parameterized.TestCase):
 
   def test_first_round_equals_the_zero_start(self):
     points, weights = self._rounds(1, seed=7)[0]
-    warm, _ = aggregate(tff_robust.GeometricMedianFactory(initial_point='previous'),
-                        points, weights)
-    zero, _ = aggregate(tff_robust.GeometricMedianFactory(initial_point='zero'),
-                        points, weights)
+    warm, _ = aggregate(gm_process(initial_point='previous'), points, weights)
+    zero, _ = aggregate(gm_process(initial_point='zero'), points, weights)
     np.testing.assert_array_equal(warm, zero)
 
   def test_initial_state_is_the_zero_update_at_server(self):
@@ -271,9 +284,8 @@ class GeometricMedianRobustnessTest(parameterized.TestCase):
   def test_three_of_ten_huge_updates_barely_move_the_median(self, start, passes):
     points, clean_median = self._three_of_ten_huge()
     actual, _ = aggregate(
-        tff_robust.GeometricMedianFactory(
-            num_communication_passes=passes, initial_point=start),
-        points, np.ones(10))
+        gm_process(num_communication_passes=passes, initial_point=start), points,
+        np.ones(10))
     self.assertLess(relative_error(actual, clean_median), 0.02)
     self.assertGreater(relative_error(points.mean(axis=0), clean_median), 10.0)
 
@@ -282,8 +294,7 @@ class GeometricMedianRobustnessTest(parameterized.TestCase):
     # starts 300x away from the clean points when outliers are 1000x larger, and
     # Weiszfeld's linear rate cannot close that gap in two steps.
     points, clean_median = self._three_of_ten_huge()
-    actual, _ = aggregate(tff_robust.GeometricMedianFactory(initial_point='mean'),
-                          points, np.ones(10))
+    actual, _ = aggregate(gm_process(initial_point='mean'), points, np.ones(10))
     self.assertGreater(relative_error(actual, clean_median), 1.0)
 
   @parameterized.parameters(1, 2, 4)
@@ -296,9 +307,7 @@ class GeometricMedianRobustnessTest(parameterized.TestCase):
       bad[i, i] = (np.nan, np.inf, -np.inf)[i % 3]
     expected, _ = numpy_smoothed_weiszfeld(points[num_bad:], weights[num_bad:], 3, 1e-6)
 
-    actual, measurements = aggregate(
-        tff_robust.NonfiniteFilteringFactory(tff_robust.GeometricMedianFactory()), bad,
-        weights)
+    actual, measurements = aggregate(gm_process(filtered=True), bad, weights)
 
     self.assertTrue(np.all(np.isfinite(actual)))
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
@@ -306,9 +315,8 @@ class GeometricMedianRobustnessTest(parameterized.TestCase):
 
   def test_nonfinite_weight_is_dropped(self):
     points = np.random.default_rng(1).normal(size=(4, DIMENSION))
-    actual, measurements = aggregate(
-        tff_robust.NonfiniteFilteringFactory(tff_robust.GeometricMedianFactory()),
-        points, [1.0, np.nan, 1.0, 1.0])
+    actual, measurements = aggregate(gm_process(filtered=True), points,
+                                     [1.0, np.nan, 1.0, 1.0])
     expected, _ = numpy_smoothed_weiszfeld(points[[0, 2, 3]], np.ones(3), 3, 1e-6)
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
     self.assertEqual(measurements['num_nonfinite_clients'], 1)
@@ -318,15 +326,14 @@ class GeometricMedianDegenerateInputsTest(parameterized.TestCase):
 
   def test_all_identical_points(self):
     point = np.random.default_rng(2).normal(size=DIMENSION)
-    actual, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(), np.tile(point, (5, 1)), np.arange(1, 6))
+    actual, measurements = aggregate(gm_process(), np.tile(point, (5, 1)),
+                                     np.arange(1, 6))
     np.testing.assert_allclose(actual, point, rtol=1e-6)
     self.assertTrue(np.all(np.isfinite(measurements['objective'])))
 
   def test_single_client(self):
     point = np.random.default_rng(3).normal(size=DIMENSION)
-    actual, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(), point[np.newaxis], [3.0])
+    actual, measurements = aggregate(gm_process(), point[np.newaxis], [3.0])
     np.testing.assert_allclose(actual, point, rtol=1e-6)
     self.assertAlmostEqual(measurements['max_effective_weight'], 1.0)
 
@@ -335,19 +342,19 @@ class GeometricMedianDegenerateInputsTest(parameterized.TestCase):
     points, weights = rng.normal(size=(6, DIMENSION)), np.array([0, 2, 0, 1, 3, 1.0])
     expected, _ = numpy_smoothed_weiszfeld(points[weights > 0], weights[weights > 0],
                                            3, 1e-6)
-    actual, _ = aggregate(tff_robust.GeometricMedianFactory(), points, weights)
+    actual, _ = aggregate(gm_process(), points, weights)
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
 
   def test_all_zero_weights_give_zero(self):
     points = np.random.default_rng(5).normal(size=(3, DIMENSION))
-    actual, _ = aggregate(tff_robust.GeometricMedianFactory(), points, np.zeros(3))
+    actual, _ = aggregate(gm_process(), points, np.zeros(3))
     np.testing.assert_array_equal(actual, np.zeros(DIMENSION))
 
   def test_nu_larger_than_every_distance_gives_the_mean(self):
     # Every β_i = α_i / ν: all passes are the weighted mean.
     rng = np.random.default_rng(6)
     points, weights = 1e-3 * rng.normal(size=(5, DIMENSION)), rng.uniform(1, 2, 5)
-    actual, _ = aggregate(tff_robust.GeometricMedianFactory(nu=10.0), points, weights)
+    actual, _ = aggregate(gm_process(nu=10.0), points, weights)
     expected = weights @ points / weights.sum()
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
 
@@ -356,9 +363,8 @@ class GeometricMedianDegenerateInputsTest(parameterized.TestCase):
     points = rng.normal(size=(5, DIMENSION))
     expected, objectives = numpy_smoothed_weiszfeld(points, np.ones(5), 6, 1e-6, 0.5)
     actual, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(num_communication_passes=6, nu=1e-6,
-                                          tolerance=0.5),
-        points, np.ones(5))
+        gm_process(num_communication_passes=6, nu=1e-6, tolerance=0.5), points,
+        np.ones(5))
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
     np.testing.assert_allclose(measurements['objective'], objectives, rtol=1e-5)
     self.assertLess(measurements['num_passes_applied'], 6)
