@@ -1,4 +1,5 @@
-"""GeometricMedianFactory against a plain-numpy smoothed Weiszfeld (paper Algorithm 2)."""
+"""GeometricMedianFactory against the plain-numpy smoothed Weiszfeld (paper Algorithm 2)
+of `tasks.references`."""
 
 import collections
 
@@ -7,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import references
 import tff_robust
 
 SHAPES = collections.OrderedDict(kernel=(3, 4), bias=(4,), scalar=())
@@ -15,56 +17,14 @@ VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
 WEIGHT_TYPE = tff.TensorType(np.float32)
 
 
-def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='zero',
-                             criteria=None, max_weights=None, centers=None):
-  """Algorithm 2 of the paper on rows of `points`, stopped by the relative gradient.
-
-  `start` is 'zero' (pass 1 a Weiszfeld step from 0), 'mean' (pass 1 the α-mean) or
-  a point (pass 1 a Weiszfeld step from it: the warm start).
-  Returns the estimate and g_ν after every pass. Pass r ≥ 2 computes the Weiszfeld
-  step v⁺ from v and the relative gradient ‖v⁺ − v‖·Σβ/Σα (appended to `criteria` if
-  given); v⁺ is applied unless the estimate is frozen, and the estimate freezes once
-  the criterion is at most a positive `tolerance`. Every pass's max_i β_i/Σβ is
-  appended to `max_weights`, and every point at which β is computed to `centers`.
-  """
-  points = np.asarray(points, np.float64)
-  alphas = np.asarray(alphas, np.float64)
-
-  def smoothed_objective(v):
-    d = np.linalg.norm(points - v, axis=1)
-    return np.sum(alphas * np.where(d > nu, d, d * d / (2 * nu) + nu / 2))
-
-  def weights(v):
-    return alphas / np.maximum(nu, np.linalg.norm(points - v, axis=1))
-
-  def step_with(beta):
-    if max_weights is not None:
-      max_weights.append(beta.max() / beta.sum())
-    return beta @ points / beta.sum()
-
-  def weiszfeld_step(v):
-    if centers is not None:
-      centers.append(v)
-    return step_with(weights(v))
-
-  if isinstance(start, np.ndarray):
-    v = weiszfeld_step(start)
-  elif start == 'zero':
-    v = weiszfeld_step(np.zeros(points.shape[1]))
-  else:
-    v = step_with(alphas)
-  objectives, frozen = [], False
-  for _ in range(passes - 1):
-    objectives.append(smoothed_objective(v))
-    proposal = weiszfeld_step(v)
-    criterion = np.linalg.norm(proposal - v) * weights(v).sum() / alphas.sum()
-    if criteria is not None:
-      criteria.append(criterion)
-    if not frozen:
-      v = proposal
-    frozen = frozen or (tolerance > 0 and criterion <= tolerance)
-  objectives.append(smoothed_objective(v))
-  return v, np.array(objectives)
+def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='zero'):
+  """Algorithm 2 with the absolute ν (`tasks.references.geometric_median`): the
+  estimate and its trace (objectives, relative gradients, max effective weight, the
+  points each Weiszfeld step started from)."""
+  trace = {}
+  estimate = references.geometric_median(points, alphas, passes, nu=nu,
+                                         tolerance=tolerance, start=start, trace=trace)
+  return estimate, trace
 
 
 def to_structure(vector):
@@ -144,10 +104,7 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
   def _assert_matches(self, points, weights, passes, nu, start):
     """The factory's result and measurements against the numpy Algorithm 2; returns
     the points where the reference computed β."""
-    criteria, max_weights, centers = [], [], []
-    expected, expected_objectives = numpy_smoothed_weiszfeld(
-        points, weights, passes, nu, start=start, criteria=criteria,
-        max_weights=max_weights, centers=centers)
+    expected, trace = numpy_smoothed_weiszfeld(points, weights, passes, nu, start=start)
 
     # The paper's start is one argument away from the default.
     actual, measurements = aggregate(
@@ -155,13 +112,13 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
         points, weights)
 
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
-    np.testing.assert_allclose(measurements['objective'], expected_objectives, rtol=1e-5)
-    np.testing.assert_allclose(measurements['relative_gradient'], criteria, rtol=1e-4,
-                               atol=1e-6)
-    np.testing.assert_allclose(measurements['max_effective_weight'], max(max_weights),
-                               rtol=1e-5)
+    np.testing.assert_allclose(measurements['objective'], trace['objective'], rtol=1e-5)
+    np.testing.assert_allclose(measurements['relative_gradient'],
+                               trace['relative_gradient'], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(measurements['max_effective_weight'],
+                               trace['max_effective_weight'], rtol=1e-5)
     self.assertEqual(measurements['num_secure_average_calls'], passes)
-    return centers
+    return trace['centers']
 
   def test_one_step_matches_algorithm_3(self):
     rng = np.random.default_rng(3)
@@ -207,21 +164,20 @@ class WarmStartTest(parameterized.TestCase):
 
   @parameterized.product(passes=[1, 2, 3], nu=[1e-6, 1e-2])
   def test_matches_numpy_with_the_state_carried_over_rounds(self, passes, nu):
-    factory = tff_robust.GeometricMedianFactory(
-        num_communication_passes=passes, nu=nu, initial_point='previous')
-    process = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+    process = gm_process(num_communication_passes=passes, nu=nu,
+                         initial_point='previous')
     state, previous = process.initialize(), np.zeros(DIMENSION)
     for points, weights in self._rounds(3, seed=passes):
-      criteria = []
-      expected, expected_objectives = numpy_smoothed_weiszfeld(
-          points, weights, passes, nu, start=previous, criteria=criteria)
+      expected, trace = numpy_smoothed_weiszfeld(points, weights, passes, nu,
+                                                 start=previous)
       output = process.next(state, [to_structure(p) for p in points],
                             [np.float32(w) for w in weights])
       actual = to_vector(output.result)
       self.assertLessEqual(relative_error(actual, expected), 1e-5)
-      np.testing.assert_allclose(output.measurements['objective'], expected_objectives,
+      np.testing.assert_allclose(output.measurements['objective'], trace['objective'],
                                  rtol=1e-5)
-      np.testing.assert_allclose(output.measurements['relative_gradient'], criteria,
+      np.testing.assert_allclose(output.measurements['relative_gradient'],
+                                 trace['relative_gradient'],
                                  rtol=1e-4, atol=1e-6)
       # The state carries the result, at SERVER, for the next round.
       np.testing.assert_array_equal(
@@ -237,8 +193,7 @@ class WarmStartTest(parameterized.TestCase):
     np.testing.assert_array_equal(warm, zero)
 
   def test_initial_state_is_the_zero_update_at_server(self):
-    process = tff_robust.GeometricMedianFactory(initial_point='previous').create(
-        VALUE_TYPE, WEIGHT_TYPE)
+    process = gm_process(initial_point='previous')
     state_type = process.initialize.type_signature.result
     self.assertEqual(state_type.placement, tff.SERVER)
     previous = process.initialize()[tff_robust.geometric_median.PREVIOUS_AGGREGATE]
@@ -247,9 +202,7 @@ class WarmStartTest(parameterized.TestCase):
   def test_state_survives_a_checkpoint(self):
     import asyncio  # pylint: disable=g-import-not-at-top
     import tempfile  # pylint: disable=g-import-not-at-top
-    process = tff_robust.GeometricMedianFactory(
-        num_communication_passes=1, initial_point='previous').create(
-            VALUE_TYPE, WEIGHT_TYPE)
+    process = gm_process(num_communication_passes=1, initial_point='previous')
     (points, weights), (next_points, next_weights) = self._rounds(2, seed=8)
     state = process.next(process.initialize(), [to_structure(p) for p in points],
                          [np.float32(w) for w in weights]).state
@@ -361,12 +314,12 @@ class GeometricMedianDegenerateInputsTest(parameterized.TestCase):
   def test_tolerance_freezes_converged_estimate(self):
     rng = np.random.default_rng(7)
     points = rng.normal(size=(5, DIMENSION))
-    expected, objectives = numpy_smoothed_weiszfeld(points, np.ones(5), 6, 1e-6, 0.5)
+    expected, trace = numpy_smoothed_weiszfeld(points, np.ones(5), 6, 1e-6, 0.5)
     actual, measurements = aggregate(
         gm_process(num_communication_passes=6, nu=1e-6, tolerance=0.5), points,
         np.ones(5))
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
-    np.testing.assert_allclose(measurements['objective'], objectives, rtol=1e-5)
+    np.testing.assert_allclose(measurements['objective'], trace['objective'], rtol=1e-5)
     self.assertLess(measurements['num_passes_applied'], 6)
     self.assertEqual(measurements['frozen_at_pass'], measurements['num_passes_applied'])
 
