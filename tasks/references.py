@@ -76,7 +76,7 @@ def _row_norms(rows: np.ndarray) -> np.ndarray:
 
 def robust_typical_distance(distances: np.ndarray, weights: np.ndarray,
                             float64: bool = False) -> float:
-  """The scale `tff_robust.robust_scale` computes, written from its definition: the
+  """The scale `tff_robust.aggregators.robust_scale` computes, written from its definition: the
   α-weighted geometric mean of the positive finite distances whose ⌊log2⌋ is within
   4 of the ⌊log2⌋ of the α-weighted lower tercile (the smallest distance with at
   least a third of the weight at or below it; buckets clamped to [−160, 159], or

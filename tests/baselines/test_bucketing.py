@@ -14,7 +14,7 @@ from tasks import references
 from tasks import registry
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import least_squares as ls
-from tff_robust import geometric_median
+from tff_robust.aggregators import geometric_median
 
 SEED = 7
 
