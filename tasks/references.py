@@ -4,13 +4,25 @@ papers' definitions: what an adaptive attack expects the server to compute
 its arguments), and what the tests check the factories of `tff_robust` and
 `baselines` against.
 
-Every reference is a function `(rows [n, d], weights [n], *arguments) → [d]` of numpy
-arrays only: this module imports neither TensorFlow nor any code of the factories, so
-it stays an independent check of them. (The geometric median's references are in
-tests/helpers/gm_reference.py.)
+  weighted_mean, coordinate_median, trimmed_mean, krum     the gathering rules
+  geometric_median        RFA's smoothed Weiszfeld (paper Algorithm 2; Algorithm 3
+                          for one pass), with the library's relative ν or an absolute
+                          one, its starts and its stopping rule
+  exact_geometric_median  argmin_v Σ α_i ‖v − x_i‖, Weiszfeld to convergence
+  gamma_mean              the γ-mean (Entropy 2022, Algorithms 1 and 2), log-domain
+  centered_clipping       Karimireddy et al. 2021, eq. (CC) with weights
+  norm_clipping           the weighted mean of the rows clipped to a norm
+  gradient_masked_mean    GMA: the weighted mean masked by the sign agreement
+  arc_clipped_rows        ARC's pre-aggregation clipping (rows → rows)
+
+Every aggregator's reference is a function `(rows [n, d], weights [n], *arguments) →
+[d]` of numpy arrays only (a pre-aggregation wrapper's maps the rows to rows); some
+also fill an optional `trace` dict with what the factories report as measurements.
+This module imports neither TensorFlow nor any code of the factories, so it stays an
+independent check of them.
 """
 
-from typing import Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -52,3 +64,230 @@ def krum(rows: np.ndarray, weights: np.ndarray, num_byzantine: int,
   m = n - num_byzantine if num_selected is None else num_selected
   chosen = np.argsort(np.array(scores), kind='stable')[:m]
   return np.average(rows[chosen], axis=0, weights=weights[chosen])
+
+
+def _row_norms(rows: np.ndarray) -> np.ndarray:
+  """Row norms without overflow or underflow (each row scaled by its largest entry):
+  ‖x‖ of a row holding 1e200 is finite in float64."""
+  largest = np.max(np.abs(rows), axis=1, keepdims=True)
+  safe = np.where(largest > 0, largest, 1.0)
+  return safe[:, 0] * np.linalg.norm(rows / safe, axis=1)
+
+
+def robust_typical_distance(distances: np.ndarray, weights: np.ndarray,
+                            float64: bool = False) -> float:
+  """The scale `tff_robust.aggregators.robust_scale` computes, written from its definition: the
+  α-weighted geometric mean of the positive finite distances whose ⌊log2⌋ is within
+  4 of the ⌊log2⌋ of the α-weighted lower tercile (the smallest distance with at
+  least a third of the weight at or below it; buckets clamped to [−160, 159], or
+  [−1080, 1049] for float64 models)."""
+  counted = (distances > 0) & np.isfinite(distances)
+  low, high = (-1080, 1049) if float64 else (-160, 159)
+  exponents = np.clip(np.floor(np.log2(distances[counted])), low, high)
+  kept_weights = weights[counted]
+  order = np.argsort(exponents, kind='stable')
+  cumulative = np.cumsum(kept_weights[order])
+  tercile_exponent = exponents[order][np.searchsorted(cumulative, cumulative[-1] / 3)]
+  near = np.abs(exponents - tercile_exponent) <= 4
+  return 2.0 ** (np.sum(kept_weights[near] * np.log2(distances[counted][near]))
+                 / np.sum(kept_weights[near]))
+
+
+def geometric_median(rows: np.ndarray, weights: np.ndarray, passes: int = 3,
+                     nu: Optional[float] = None, relative_nu: float = 0.2,
+                     tolerance: float = 0.0,
+                     start: Union[str, np.ndarray] = 'zero', float64: bool = False,
+                     trace: Optional[dict[str, Any]] = None) -> np.ndarray:
+  """RFA's smoothed Weiszfeld (Pillutla et al., Algorithm 2; `passes=1` from zero is
+  Algorithm 3, one-step RFA), as `tff_robust.GeometricMedianFactory` documents it.
+
+  A Weiszfeld step from v is v⁺ = Σ β_i x_i / Σ β_i with β_i = α_i / max(ν, ‖v − x_i‖)
+  (0 when every β_i is 0). ν is `nu` (absolute, the paper's 1e-6) if given, else
+  `relative_nu` × `robust_typical_distance` of the distances ‖v − x_i‖ at every step
+  (the library's default; `float64` selects float64 models' buckets). Pass 1 is a
+  step from 0 (`start='zero'`), from the point `start` (an array: the warm start), or
+  the α-weighted mean (`'mean'`). Each pass r ≥ 2 computes the step v⁺ from v and the
+  relative gradient ‖v⁺ − v‖·Σβ/Σα; v⁺ is applied unless the estimate is frozen, and
+  it freezes after the first pass whose relative gradient is at most a positive
+  `tolerance` (that pass is applied).
+
+  `trace`, if given, receives the factory's measurements: `objective` (the smoothed
+  objective g_ν(v) = Σ α_i ‖v − x_i‖_(ν) at v before every pass r ≥ 2 and at the
+  result, ν that of a step from v), `relative_gradient` (passes 2..R),
+  `max_effective_weight` (max_i β_i/Σβ over every pass), `num_passes_applied`,
+  `frozen_at_pass` (0 if never), and `centers` (every point a step started from).
+  """
+  rows = np.asarray(rows, np.float64)
+  weights = np.asarray(weights, np.float64)
+  centers, max_weights = [], []
+
+  def smoothing(v, distances):
+    if nu is not None:
+      return nu
+    return relative_nu * robust_typical_distance(distances, weights, float64)
+
+  def objective(v):
+    """g_ν(v), with the ν of a step from v."""
+    distances = _row_norms(rows - v)
+    floor = smoothing(v, distances)
+    return np.sum(weights * np.where(
+        distances > floor, distances, distances * distances / (2 * floor) + floor / 2))
+
+  def step(v):
+    """(v⁺, Σβ) of a Weiszfeld step from v."""
+    centers.append(v)
+    distances = _row_norms(rows - v)
+    beta = weights / np.maximum(distances, smoothing(v, distances))
+    if beta.sum() == 0:
+      return np.zeros(rows.shape[1]), 0.0
+    max_weights.append(beta.max() / beta.sum())
+    return beta @ rows / beta.sum(), beta.sum()
+
+  if weights.sum() == 0:
+    v = np.zeros(rows.shape[1])  # No client counts: the factories return zero.
+    passes = 0
+  elif isinstance(start, np.ndarray):
+    v = step(np.asarray(start, np.float64))[0]
+  elif start == 'zero':
+    v = step(np.zeros(rows.shape[1]))[0]
+  elif start == 'mean':
+    v = weights @ rows / weights.sum()
+    max_weights.append(weights.max() / weights.sum())
+  else:
+    raise ValueError(f'Unknown start {start!r}.')
+  applied, frozen_at, objectives, gradients = 1, 0, [], []
+  for r in range(2, passes + 1):
+    objectives.append(objective(v))
+    proposal, beta_sum = step(v)
+    gradients.append(np.linalg.norm(proposal - v) * beta_sum / weights.sum())
+    if not frozen_at:
+      v, applied = proposal, applied + 1
+      if tolerance > 0 and gradients[-1] <= tolerance:
+        frozen_at = r
+  if trace is not None and passes:
+    objectives.append(objective(v))
+    trace.update(objective=np.array(objectives), relative_gradient=np.array(gradients),
+                 max_effective_weight=max(max_weights), num_passes_applied=applied,
+                 frozen_at_pass=frozen_at, centers=centers)
+  return v
+
+
+def exact_geometric_median(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+  """argmin_v Σ α_i ‖v − x_i‖ in float64: Weiszfeld run to convergence from the mean
+  (without smoothing, for inputs where no client sits on the median)."""
+  v = np.average(rows, axis=0, weights=weights)
+  for _ in range(100_000):
+    beta = weights / np.maximum(_row_norms(rows - v), 1e-300)
+    proposal = beta @ rows / beta.sum()
+    if np.linalg.norm(proposal - v) <= 1e-14 * np.linalg.norm(v):
+      return proposal
+    v = proposal
+  return v
+
+
+# The γ-mean's defaults (`tff_robust.GammaMeanFactory`).
+SPREAD_GAMMA = 2.0
+PAPER_GAMMA = 0.5
+VARIANCE_FLOOR = 1e-12
+
+
+def _log_domain_weights(weights, distances, gamma):
+  """α_i exp(−γ/2·D_i) / Σ_k α_k exp(−γ/2·D_k), computed from logarithms (none
+  underflows whatever the dimension or the scale)."""
+  with np.errstate(divide='ignore'):
+    log_w = np.log(weights) - 0.5 * gamma * distances
+  log_w -= np.max(log_w)
+  w = np.exp(log_w)
+  return w / w.sum()
+
+
+def gamma_mean(rows: np.ndarray, weights: np.ndarray, gamma: Optional[float] = None,
+               covariance: str = 'identity', scale: str = 'spread',
+               iterations: int = 3, start: Optional[np.ndarray] = None,
+               floor: float = VARIANCE_FLOOR) -> np.ndarray:
+  """The γ-mean (Entropy 2022, Algorithms 1 and 2) of the rows, with weights α_i
+  exp(−γ'/2·D_i) normalised in the log domain, as `tff_robust.GammaMeanFactory`
+  documents its iterations.
+
+  scale='spread': γ' = γ/p (γ default 2) with Σ estimated (σ²I for 'identity', diag
+  for 'diagonal'); scale='absolute': γ' = γ (default the paper's 0.5), Σ = I for
+  'identity'. Variances are taken about the previous estimate; the first one is
+  isotropic, (1 + γ')·Σα‖x − c‖²/(pΣα) with c = 0 for the mean start (`start=None`)
+  and c = `start` otherwise, and every variance is at least `floor`.
+  """
+  rows = np.asarray(rows, np.float64)
+  weights = np.asarray(weights, np.float64)
+  p = rows.shape[1]
+  if gamma is None:
+    gamma = SPREAD_GAMMA if scale == 'spread' else PAPER_GAMMA
+  g = gamma / p if scale == 'spread' else gamma
+  a = weights / weights.sum()
+  if start is None:
+    mu, center = a @ rows, np.zeros(p)
+  else:
+    mu = center = np.asarray(start, np.float64)
+  estimated = covariance == 'diagonal' or scale == 'spread'
+  second = a @ np.sum((rows - center) ** 2, axis=1)
+  variance = np.full(p, max((1 + g) * second / p, floor)) if estimated else np.ones(p)
+  for _ in range(iterations):
+    w = _log_domain_weights(weights, np.sum((rows - mu) ** 2 / variance, axis=1), g)
+    if estimated:
+      about_old = w @ (rows - mu) ** 2
+      if covariance == 'identity':
+        about_old = np.full(p, about_old.sum() / p)
+      variance = np.maximum((1 + g) * about_old, floor)
+    mu = w @ rows
+  return mu
+
+
+def _clipped_rows(rows: np.ndarray, bound: float) -> np.ndarray:
+  """The rows of norm above `bound` scaled to norm `bound`."""
+  norms = _row_norms(rows)
+  return rows * np.minimum(1.0, bound / np.maximum(norms, 1e-300))[:, np.newaxis]
+
+
+def norm_clipping(rows: np.ndarray, weights: np.ndarray,
+                  clip_norm: float) -> np.ndarray:
+  """The weighted mean of the rows clipped to norm `clip_norm` (Sun et al. 2019)."""
+  return weighted_mean(_clipped_rows(rows, clip_norm), weights)
+
+
+def centered_clipping(rows: np.ndarray, weights: np.ndarray, clip_radius: float,
+                      iterations: int, start: np.ndarray,
+                      trace: Optional[dict[str, Any]] = None) -> np.ndarray:
+  """Centered clipping (Karimireddy et al. 2021, eq. (CC)) with weights: `iterations`
+  times v ← v + Σ α_i clip_τ(x_i − v) / Σ α_i from v = `start`, τ = `clip_radius`.
+  `trace`, if given, receives `fraction_clipped`: the last iteration's fraction of
+  clients with ‖x_i − v‖ > τ."""
+  rows = np.asarray(rows, np.float64)
+  v = np.array(start, np.float64)
+  for _ in range(iterations):
+    distances = _row_norms(rows - v)
+    v = v + weighted_mean(_clipped_rows(rows - v, clip_radius), weights)
+  if trace is not None and iterations:
+    trace['fraction_clipped'] = float(np.mean(distances > clip_radius))
+  return v
+
+
+def gradient_masked_mean(rows: np.ndarray, weights: np.ndarray, tau: float,
+                         trace: Optional[dict[str, Any]] = None) -> np.ndarray:
+  """GMA (Tenison et al. 2022): the weighted mean times the mask m_j = 1 where the
+  sign agreement A_j = |Σ_n sign(x_nj)| / N is at least τ, A_j elsewhere. `trace`, if
+  given, receives `agreement` (A per coordinate)."""
+  agreement = np.abs(np.sum(np.sign(rows), axis=0)) / len(rows)
+  if trace is not None:
+    trace['agreement'] = agreement
+  return np.where(agreement >= tau, 1.0, agreement) * weighted_mean(rows, weights)
+
+
+def arc_clipped_rows(rows: np.ndarray, num_byzantine: int,
+                     trace: Optional[dict[str, Any]] = None) -> np.ndarray:
+  """ARC (Allouah et al. 2024): the rows of norm above the (k+1)-th largest norm
+  scaled to that norm, k = ⌊2f(n − f)/n⌋ for f = `num_byzantine`. `trace`, if given,
+  receives that `threshold` and `num_clipped`, the number of rows above it."""
+  n = len(rows)
+  norms = _row_norms(rows)
+  threshold = np.sort(norms)[::-1][2 * num_byzantine * (n - num_byzantine) // n]
+  if trace is not None:
+    trace.update(threshold=threshold, num_clipped=int(np.sum(norms > threshold)))
+  return _clipped_rows(rows, threshold)

@@ -24,8 +24,7 @@ import contextlib
 import os
 import signal
 import sys
-import threading
-from typing import Callable
+from typing import Callable, Optional
 
 from absl import app
 
@@ -56,33 +55,27 @@ ONE_LINE_ERRORS = (
 )
 
 
-# What the interruption line says of where the binary stopped (e.g. "after round 3");
-# set by the binary once it knows (`describe_interruption`).
-_where_interrupted: Callable[[], str] = lambda: ''
+# The rounds the run's checkpoints hold, as the binary last reported them
+# (`rounds_checkpointed`); None until its run has resumed.
+_checkpointed: Optional[int] = None
 
 
-def describe_interruption(where: Callable[[], str]) -> None:
-  """Sets the function giving where an interrupted run stopped, e.g. 'after round 3'
-  (called on Ctrl-C or SIGTERM, from the signal handler)."""
-  global _where_interrupted
-  _where_interrupted = where
+def rounds_checkpointed(finished: int) -> None:
+  """Records that the run's checkpoints hold `finished` rounds, for the interruption
+  line ("after round `finished` − 1"): pass it as `on_checkpoint` of
+  `tasks.simulation.experiment.run_experiment`, which reports once the run has
+  resumed and after every checkpoint."""
+  global _checkpointed
+  _checkpointed = finished
 
 
 def _where() -> str:
-  # In a thread: the handler may interrupt the main thread inside a running asyncio
-  # loop, where `where` (reading the checkpoints with TFF) could not run its own.
-  found = []
-
-  def ask():
-    try:
-      found.append(_where_interrupted())
-    except Exception:  # pylint: disable=broad-except
-      pass  # The line is still worth printing without it.
-
-  asker = threading.Thread(target=ask, daemon=True)
-  asker.start()
-  asker.join(timeout=1.0)
-  return found[0] if found else ''
+  # From memory: the signal handler may interrupt the main thread anywhere, e.g.
+  # inside TFF's asyncio loop while a checkpoint is written, where reading the
+  # checkpoints could neither run nor be waited for without a race.
+  if _checkpointed is None:
+    return ''
+  return f'after round {_checkpointed - 1}' if _checkpointed else 'in round 0'
 
 
 def _exit_on_signal(signum, frame):
@@ -144,8 +137,8 @@ def run(main: Callable[[list[str]], None],
   `app.run` disarms the finalizer of the executor that importing TFF created.
   `check_flags` runs right after absl's parsing, for checks across flags whose
   errors are `ONE_LINE_ERRORS` (e.g. `flag_groups.UnworkableSettingsError`). Ctrl-C
-  and SIGTERM end the binary within a second or two with one line, saying where it
-  stopped (`describe_interruption`), and status 130 or 143.
+  and SIGTERM end the binary within a second or two with one line, saying where a
+  rerun resumes from (`rounds_checkpointed`), and status 130 or 143.
   """
 
   def parse_flags(argv):

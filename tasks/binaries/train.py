@@ -158,12 +158,6 @@ def build_simulation(task, context=None) -> loop.Simulation:
       rho=FLAGS.rho, seed=FLAGS.seed, **flag_groups.simulation_kwargs_from_flags())
 
 
-def _where_stopped(output_dir: str) -> str:
-  """Where an interrupted run resumes from, for the interruption line."""
-  finished = experiment.finished_rounds(output_dir)
-  return f'after round {finished - 1}' if finished else 'in round 0'
-
-
 def check_settings() -> None:
   """Refuses, before any data is loaded, flags that cannot train together."""
   flag_groups.check_clients_per_round(FLAGS.aggregator, FLAGS.aggregator_args,
@@ -175,7 +169,6 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   flag_groups.quiet_logs()
   output_dir = os.path.join(FLAGS.root_output_dir, experiment_name())
-  exit_status.describe_interruption(lambda: _where_stopped(output_dir))
   with contextlib.ExitStack() as stack:
     # One process per run directory, from before its config.json is checked.
     stack.enter_context(run_lock.owned(output_dir))
@@ -211,7 +204,8 @@ def main(argv):
                                 progress=FLAGS.progress,
                                 tensorboard=FLAGS.tensorboard,
                                 description=experiment_name(),
-                                checkpoint_period=FLAGS.checkpoint_period)
+                                checkpoint_period=FLAGS.checkpoint_period,
+                                on_checkpoint=exit_status.rounds_checkpointed)
     except experiment.NonFiniteStateError as e:
       exit_status.exit_with(e, exit_status.NON_FINITE)
     except distributed_simulation.WorkerRoundError as e:

@@ -694,7 +694,9 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
                    resumable_changes: tuple[str, ...] = RESUMABLE_KEYS,
                    progress: bool = True, tensorboard: bool = True,
                    description: str = '', checkpoint_period: int = 1,
-                   log: Callable[[str], None] = _print_to_stderr) -> int:
+                   log: Callable[[str], None] = _print_to_stderr,
+                   on_checkpoint: Callable[[int], None] = lambda finished: None
+                   ) -> int:
   """Runs rounds [finished, rounds) of `simulation`, resuming from `output_dir`.
 
   Every round writes a metrics row (key `round`) with the simulation's metrics,
@@ -722,6 +724,9 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
       (rounds are seeded by their number) and their metrics rows rewritten.
     log: Receives the lines saying how damaged files were dealt with (a fallback to
       an older checkpoint, a dropped cut-off row); default: printed to stderr.
+    on_checkpoint: Called with the number of rounds the checkpoints hold (where a
+      rerun would resume): once the run has resumed (0 for a new run), then after
+      every checkpoint is written.
 
   Returns:
     The number of finished rounds (= `rounds`).
@@ -743,16 +748,18 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
   with run_lock.owned(output_dir):
     resumed = _resume(simulation, output_dir, config, resumable_changes, tensorboard,
                       log)
+    on_checkpoint(resumed.start)
     _train(simulation, output_dir, resumed, rounds, eval_period, progress,
-           tensorboard, description, checkpoint_period)
+           tensorboard, description, checkpoint_period, on_checkpoint)
   return rounds
 
 
 def _train(simulation: loop.Simulation, output_dir: str, resumed: _Resumed,
            rounds: int, eval_period: int, progress: bool, tensorboard: bool,
-           description: str, checkpoint_period: int) -> None:
+           description: str, checkpoint_period: int,
+           on_checkpoint: Callable[[int], None]) -> None:
   """Rounds [resumed.start, rounds): a metrics row each, a checkpoint every
-  `checkpoint_period` rounds and after the last."""
+  `checkpoint_period` rounds and after the last (reported to `on_checkpoint`)."""
   checkpoints_dir = os.path.join(output_dir, CHECKPOINTS_DIR)
   tensorboard_dir = os.path.join(output_dir, TENSORBOARD_DIR)
   metrics_path = os.path.join(output_dir, METRICS_FILE)
@@ -796,6 +803,7 @@ def _train(simulation: loop.Simulation, output_dir: str, resumed: _Resumed,
           _run(resumed.state_manager.save(
               _checkpoint(state, cumulative, resumed.identity), round_num + 1))
           _write_identity_beside(checkpoints_dir, round_num + 1, resumed.identity)
+        on_checkpoint(round_num + 1)
       bar.update(1)
   finally:
     bar.close()

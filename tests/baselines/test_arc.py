@@ -12,8 +12,8 @@ import tensorflow_federated as tff
 from baselines import arc
 from baselines import coordinatewise
 from baselines import krum
+from tasks import references
 from tasks import registry
-from tests.baselines import test_baselines as references
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import least_squares as ls
 from tests.tff_robust.aggregators import test_privacy as privacy
@@ -22,13 +22,11 @@ from tff_robust.iterative import iterative_mean
 
 
 def np_arc(x, f):
-  """Rows of norm above the (k+1)-th largest norm scaled to that norm (float64)."""
-  n = len(x)
-  norms = np.linalg.norm(x, axis=1)
-  k = 2 * f * (n - f) // n
-  threshold = np.sort(norms)[::-1][k]
-  scale = np.where(norms > threshold, threshold / np.where(norms > 0, norms, 1), 1.0)
-  return x * scale[:, np.newaxis], threshold, int(np.sum(norms > threshold))
+  """`tasks.references.arc_clipped_rows`: the clipped rows (float64), the threshold
+  and the number of rows clipped."""
+  trace = {}
+  clipped = references.arc_clipped_rows(np.asarray(x, np.float64), f, trace)
+  return clipped, trace['threshold'], trace['num_clipped']
 
 
 def byzfl_num_clipped(n, f):
@@ -82,7 +80,7 @@ class ClippedUpdatesTest(parameterized.TestCase):
         num_byzantine=2, num_selected=None), byzantine_fraction=0.2)
     result, _ = cases.run(process, x, w)
     np.testing.assert_allclose(
-        result, references.np_krum(np_arc(x, 2)[0], np.asarray(w, np.float64), 2, None),
+        result, references.krum(np_arc(x, 2)[0], np.asarray(w, np.float64), 2, None),
         rtol=1e-5, atol=1e-5)
 
   @parameterized.parameters(1e10, 1e30, 3e38)
@@ -148,7 +146,7 @@ class CompositionTest(parameterized.TestCase):
     result, output = cases.run(process, x, w)
     kept = np.arange(len(x)) != 5
     np.testing.assert_allclose(
-        result, references.np_krum(np_arc(x[kept], 2)[0], w[kept], 2, 1), rtol=1e-5,
+        result, references.krum(np_arc(x[kept], 2)[0], w[kept], 2, 1), rtol=1e-5,
         atol=1e-5)
     self.assertEqual(output.measurements['num_nonfinite_clients'], 1)
     self.assertIn('arc', registry.known_wrappers())
@@ -234,7 +232,7 @@ class FedAvgBuilderTest(tf.test.TestCase):
     clipped, _, num_clipped = np_arc(deltas, 1)
     self.assertEqual(num_clipped, 1)
     ls.assert_moved_by(self, trained, start,
-                       references.np_krum(clipped, np.ones(5), 1, 1))
+                       references.krum(clipped, np.ones(5), 1, 1))
     self.assertEqual(metrics['num_clipped'], 1)
 
 

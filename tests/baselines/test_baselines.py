@@ -1,6 +1,6 @@
-"""The gathering baselines and norm clipping against plain-numpy implementations of
-their papers' definitions (Yin et al. 2018; Blanchard et al. 2017; Karimireddy et al.
-2021; Sun et al. 2019)."""
+"""The gathering baselines and norm clipping against the plain-numpy references of
+`tasks.references`, written from their papers' definitions (Yin et al. 2018;
+Blanchard et al. 2017; Karimireddy et al. 2021; Sun et al. 2019)."""
 
 from absl.testing import parameterized
 import numpy as np
@@ -17,65 +17,35 @@ from tff_robust.aggregators.nonfinite import NonfiniteFilteringFactory
 TOLERANCE = 1e-5
 
 
-# ---- numpy references, written from the papers' definitions -------------------------
-# The median, trimmed mean and Krum are the plain-numpy references the attacks share
-# (`tasks.references`, numpy only); named here as the tests of the wrappers use them.
-
-
-def np_median(x, w):
-  return references.coordinate_median(x, w)
-
-
-def np_trimmed_mean(x, w, beta):
-  return references.trimmed_mean(x, w, beta)
-
-
-def np_krum(x, w, f, m):
-  return references.krum(x, w, f, m)
-
-
-def np_clip(z, tau):
-  norm = np.linalg.norm(z)
-  return z if norm <= tau else z * tau / norm
-
-
-def np_centered_clipping(x, w, tau, iterations, v0):
-  v = v0.copy()
-  for _ in range(iterations):
-    v = v + sum(wi * np_clip(xi - v, tau) for xi, wi in zip(x, w)) / np.sum(w)
-  return v
-
-
-def np_norm_clipping(x, w, c):
-  return sum(wi * np_clip(xi, c) for xi, wi in zip(x, w)) / np.sum(w)
+# The numpy references are `tasks.references` (numpy only), the ones the attacks share.
 
 
 # ---- factories under test -------------------------------------------------------------
 
 BASELINES = dict(
-    median=(coordinatewise.CoordinateWiseMedianFactory, np_median),
+    median=(coordinatewise.CoordinateWiseMedianFactory, references.coordinate_median),
     trimmed_mean=(lambda: coordinatewise.TrimmedMeanFactory(trim_fraction=0.2),
-                  lambda x, w: np_trimmed_mean(x, w, 0.2)),
+                  lambda x, w: references.trimmed_mean(x, w, 0.2)),
     trimmed_mean_small=(lambda: coordinatewise.TrimmedMeanFactory(trim_fraction=0.15),
-                        lambda x, w: np_trimmed_mean(x, w, 0.15)),
+                        lambda x, w: references.trimmed_mean(x, w, 0.15)),
     krum=(lambda: krum.KrumFactory(num_byzantine=2),
-          lambda x, w: np_krum(x, w, 2, 1)),
+          lambda x, w: references.krum(x, w, 2, 1)),
     multi_krum=(lambda: krum.KrumFactory(num_byzantine=1, num_selected=None),
-                lambda x, w: np_krum(x, w, 1, None)),
+                lambda x, w: references.krum(x, w, 1, None)),
     multi_krum_fraction=(
         lambda: krum.KrumFactory(byzantine_fraction=0.2, num_selected=4),
-        lambda x, w: np_krum(x, w, 2, 4)),
+        lambda x, w: references.krum(x, w, 2, 4)),
     centered_clipping=(
         lambda: centered_clipping.CenteredClippingFactory(
             clip_radius=1.0, num_iterations=3, initial_point='mean'),
-        lambda x, w: np_centered_clipping(
+        lambda x, w: references.centered_clipping(
             x, w, 1.0, 3, np.average(x, axis=0, weights=w))),
     centered_clipping_zero=(
         lambda: centered_clipping.CenteredClippingFactory(
             clip_radius=2.0, num_iterations=2, initial_point='zero'),
-        lambda x, w: np_centered_clipping(x, w, 2.0, 2, np.zeros(x.shape[1]))),
+        lambda x, w: references.centered_clipping(x, w, 2.0, 2, np.zeros(x.shape[1]))),
     norm_clipping=(lambda: wrappers.norm_clipping_factory(clip_norm=1.5),
-                   lambda x, w: np_norm_clipping(x, w, 1.5)),
+                   lambda x, w: references.norm_clipping(x, w, 1.5)),
 )
 
 
@@ -119,8 +89,9 @@ class CenteredClippingStateTest(tf.test.TestCase):
     x1, x2, w = cases.random_inputs(11), cases.random_inputs(12), cases.random_weights()
     first, output = cases.run(proc, x1, w)
     second, _ = cases.run(proc, x2, w, state=output.state)
-    expected_first = np_centered_clipping(x1, w, 0.5, 2, np.zeros(cases.DIMENSION))
-    expected_second = np_centered_clipping(x2, w, 0.5, 2, expected_first)
+    expected_first = references.centered_clipping(x1, w, 0.5, 2,
+                                                  np.zeros(cases.DIMENSION))
+    expected_second = references.centered_clipping(x2, w, 0.5, 2, expected_first)
     self.assertLessEqual(cases.relative_error(first, expected_first), TOLERANCE)
     self.assertLessEqual(cases.relative_error(second, expected_second), TOLERANCE)
 

@@ -1,5 +1,5 @@
-"""The gathering geometric median (RFA's smoothed Weiszfeld at the server) against an
-independent numpy Weiszfeld and against the secure `tff_robust.GeometricMedianFactory`
+"""The gathering geometric median (RFA's smoothed Weiszfeld at the server) against the
+numpy Weiszfeld of `tasks.references` and against the secure `tff_robust.GeometricMedianFactory`
 on the same inputs; by name inside bucketing and NNM."""
 
 from absl.testing import parameterized
@@ -8,6 +8,7 @@ import numpy as np
 from baselines import bucketing
 from baselines import geometric_median
 from baselines import nnm
+from tasks import references
 from tasks import registry
 from tests.helpers import aggregator_cases as cases
 import tff_robust
@@ -17,38 +18,15 @@ PASSES = 5
 
 
 def np_weiszfeld(x, a, passes=PASSES, nu=NU, tolerance=0.0, start='zero', v0=None):
-  """RFA Algorithm 2 in float64 with the package's start and freezing rule.
-
-  Returns (v, measurements): pass 1 is the α-weighted mean ('mean') or a Weiszfeld
-  step from v0 (0 for 'zero'); pass r ≥ 2 computes β_i = α_i / max(ν, ‖v − x_i‖) and
-  v⁺ = Σβx / Σβ, and stops applying passes after the first one whose relative
-  gradient ‖v⁺ − v‖·Σβ/Σα is at most a positive tolerance (that pass is applied).
-  """
-  x, a = np.asarray(x, np.float64), np.asarray(a, np.float64)
-
-  def step(v):
-    d = np.sqrt(((x - v) ** 2).sum(axis=1))
-    beta = a / np.maximum(d, nu)
-    g = np.sum(a * np.where(d > nu, d, d * d / (2 * nu) + nu / 2))
-    return (beta @ x / beta.sum() if beta.sum() > 0 else np.zeros(x.shape[1])), \
-        beta.sum(), g
-
-  if start == 'mean':
-    v = a @ x / a.sum()
-  else:
-    v = step(np.zeros(x.shape[1]) if v0 is None else v0)[0]
-  applied, frozen_at, objectives, gradients = 1, 0, [], []
-  for r in range(2, passes + 1):
-    proposal, beta_sum, g = step(v)
-    objectives.append(g)
-    gradients.append(np.linalg.norm(proposal - v) * beta_sum / a.sum())
-    if frozen_at == 0:
-      v, applied = proposal, applied + 1
-      if tolerance > 0 and gradients[-1] <= tolerance:
-        frozen_at = r
-  objectives.append(step(v)[2])
-  return v, dict(objective=np.array(objectives), relative_gradient=np.array(gradients),
-                 num_passes_applied=applied, frozen_at_pass=frozen_at)
+  """RFA Algorithm 2 in float64 with the package's starts and freezing rule
+  (`tasks.references.geometric_median`, absolute ν): (estimate, its trace). The
+  'previous' start is a Weiszfeld step from `v0` (from 0 when None)."""
+  if start == 'previous':
+    start = 'zero' if v0 is None else v0
+  trace = {}
+  estimate = references.geometric_median(x, a, passes, nu=nu, tolerance=tolerance,
+                                         start=start, trace=trace)
+  return estimate, trace
 
 
 def _gathered(passes=PASSES, tolerance=0.0, initial_point='zero'):

@@ -11,8 +11,8 @@ from baselines import centered_clipping
 from baselines import coordinatewise
 from baselines import krum
 from baselines import nnm
+from tasks import references
 from tasks import registry
-from tests.baselines import test_baselines as references
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import least_squares as ls
 from tff_robust.aggregators import geometric_median
@@ -51,7 +51,7 @@ class NearestNeighborMixingTest(parameterized.TestCase):
         krum.KrumFactory(num_byzantine=2, num_selected=None), byzantine_fraction=0.2))
     result, _ = cases.run(process, x, w)
     np.testing.assert_allclose(
-        result, references.np_krum(np_nnm(x, 2), np.asarray(w, np.float64), 2, None),
+        result, references.krum(np_nnm(x, 2), np.asarray(w, np.float64), 2, None),
         rtol=1e-5, atol=1e-5)
 
   def test_exact_distances_beside_a_huge_update(self):
@@ -75,7 +75,7 @@ class NearestNeighborMixingTest(parameterized.TestCase):
     for seed in (6, 7):
       x, w = cases.random_inputs(seed), cases.random_weights()
       result, output = cases.run(process, x, w, state)
-      start = references.np_centered_clipping(np_nnm(x, 3), w, 1.0, 3, start)
+      start = references.centered_clipping(np_nnm(x, 3), w, 1.0, 3, start)
       np.testing.assert_allclose(result, start, rtol=1e-5, atol=1e-5)
       state = output.state
 
@@ -127,9 +127,9 @@ class FedAvgBuilderTest(tf.test.TestCase):
     trained, deltas, start, metrics = ls.one_round_with_a_huge_client(
         registry.aggregator_from_name(
             'nnm+median', wrapper_args={'nnm': {'num_byzantine': 1}}), seed=5)
-    expected = references.np_median(np_nnm(deltas, 1), np.ones(5))
+    expected = references.coordinate_median(np_nnm(deltas, 1), np.ones(5))
     self.assertGreater(  # Mixing matters here: the plain median differs.
-        np.max(np.abs(expected - references.np_median(deltas, np.ones(5)))), 1e-3)
+        np.max(np.abs(expected - references.coordinate_median(deltas, np.ones(5)))), 1e-3)
     ls.assert_moved_by(self, trained, start, expected)
     self.assertEqual(metrics['num_neighbors'], 4)
 

@@ -23,13 +23,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from benchmarks import gm_start_point
-from tasks import references as numpy_references
+from tasks import references
 from tasks import registry
-from tests.baselines import test_baselines as references
 from tests.helpers import aggregator_cases as cases
-from tests.helpers import gm_reference
-from tests.tff_robust.aggregators import gamma_mean_reference as gamma_reference
-from tests.tff_robust.aggregators import test_gradient_masking as gma_references
 import tff_robust
 
 NUM_CLIENTS = 20
@@ -56,47 +52,32 @@ def extreme_inputs(case, seed=0):
   return x.astype(np.float32).astype(np.float64), weights
 
 
-# ---- float64 references of every registry formula ---------------------------------
-
-def np_gm(x, a):
-  return gm_reference.numpy_default_gm(x, a, GM_PASSES)
-
-
-def np_one_step_gm(x, a):
-  return gm_reference.numpy_default_gm(x, a, 1)
-
-
-def np_gamma_mean(x, a):
-  return gamma_reference.gamma_mean(x, a)
-
-
-def np_gamma_mean_diagonal(x, a):
-  return gamma_reference.gamma_mean(x, a, covariance='diagonal')
-
+# ---- float64 references of every registry formula (`tasks.references`) ------------
 
 def np_centered_clipping(x, a):
-  """The baselines' reference (tests/baselines) at the registry's defaults; the
-  'previous' start is zero in the first round."""
-  return references.np_centered_clipping(x, a, tau=1.0, iterations=3,
-                                         v0=np.zeros(x.shape[1]))
+  """At the registry's defaults; the 'previous' start is zero in the first round."""
+  return references.centered_clipping(x, a, 1.0, 3, np.zeros(x.shape[1]))
 
 
 REFERENCES = dict(
-    mean=({}, numpy_references.weighted_mean),
-    gm=(dict(num_communication_passes=GM_PASSES, tolerance=0.0), np_gm),
-    gathered_gm=(dict(num_communication_passes=GM_PASSES, tolerance=0.0), np_gm),
-    one_step_gm=({}, np_one_step_gm),
-    gamma_mean=({}, np_gamma_mean),
-    gamma_mean_diagonal=({}, np_gamma_mean_diagonal),
-    # The references of tests/baselines and tests/tff_robust, at the registry's
-    # default arguments.
-    gma=({}, lambda x, a: gma_references.np_gma(x, a, tau=0.4)[0]),
-    median=({}, references.np_median),
-    trimmed_mean=({}, functools.partial(references.np_trimmed_mean, beta=0.1)),
-    krum=(dict(num_byzantine=1), functools.partial(references.np_krum, f=1, m=1)),
-    multi_krum=(dict(num_byzantine=1),
-                functools.partial(references.np_krum, f=1, m=NUM_CLIENTS - 1)),
-    norm_clipping=({}, functools.partial(references.np_norm_clipping, c=1.0)),
+    mean=({}, references.weighted_mean),
+    gm=(dict(num_communication_passes=GM_PASSES, tolerance=0.0),
+        functools.partial(references.geometric_median, passes=GM_PASSES)),
+    gathered_gm=(dict(num_communication_passes=GM_PASSES, tolerance=0.0),
+                 functools.partial(references.geometric_median, passes=GM_PASSES)),
+    one_step_gm=({}, functools.partial(references.geometric_median, passes=1)),
+    gamma_mean=({}, references.gamma_mean),
+    gamma_mean_diagonal=({}, functools.partial(references.gamma_mean,
+                                               covariance='diagonal')),
+    # At the registry's default arguments.
+    gma=({}, functools.partial(references.gradient_masked_mean, tau=0.4)),
+    median=({}, references.coordinate_median),
+    trimmed_mean=({}, functools.partial(references.trimmed_mean, trim_fraction=0.1)),
+    krum=(dict(num_byzantine=1),
+          functools.partial(references.krum, num_byzantine=1, num_selected=1)),
+    multi_krum=(dict(num_byzantine=1), functools.partial(
+        references.krum, num_byzantine=1, num_selected=NUM_CLIENTS - 1)),
+    norm_clipping=({}, functools.partial(references.norm_clipping, clip_norm=1.0)),
     centered_clipping=({}, np_centered_clipping),
     secure_centered_clipping=({}, np_centered_clipping),
 )
@@ -159,7 +140,7 @@ class StoppingRuleTest(parameterized.TestCase):
     proc = cases.process(('extreme', 'gm_default_20'), lambda: (
         tff_robust.GeometricMedianFactory(num_communication_passes=GM_PASSES)))
     actual, output = cases.run(proc, x, weights)
-    expected = np_gm(x, weights)
+    expected = references.geometric_median(x, weights, GM_PASSES)
     self.assertLessEqual(np.linalg.norm(actual - expected), 1e-5 * np.linalg.norm(expected))
     frozen_at = int(output.measurements['frozen_at_pass'])
     self.assertBetween(frozen_at, 3, GM_PASSES)

@@ -5,6 +5,7 @@ import collections
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -104,6 +105,8 @@ class RobustnessSanityTest(parameterized.TestCase):
                        distance)
 
 
+# Builds and trains learning processes end to end (~40 CPU-s).
+@pytest.mark.slow
 class FedAvgPluginTest(parameterized.TestCase):
   """Aggregators by name as `model_aggregator` of TFF's and the baselines' builders:
   the model moves by the numpy reference of the aggregator (`test_extreme_inputs`)

@@ -40,11 +40,12 @@ def _simulation():
 
 
 def _run(simulation, directory, rounds, log=None, checkpoint_period=1,
-         config=_CONFIG):
+         config=_CONFIG, on_checkpoint=lambda finished: None):
   return experiment.run_experiment(simulation, directory, rounds, config=config,
                                    progress=False, tensorboard=True,
                                    checkpoint_period=checkpoint_period,
-                                   log=log or (lambda message: None))
+                                   log=log or (lambda message: None),
+                                   on_checkpoint=on_checkpoint)
 
 
 def _rows(directory):
@@ -225,13 +226,21 @@ class ExperimentFilesTest(parameterized.TestCase):
         raise KeyboardInterrupt
       return run_round(state, round_num)
 
+    reported = []
     with mock.patch.object(self.simulation, 'run_round', killed_in_round_3):
       with self.assertRaises(KeyboardInterrupt):
-        _run(self.simulation, directory, _ROUNDS, checkpoint_period=2)
+        _run(self.simulation, directory, _ROUNDS, checkpoint_period=2,
+             on_checkpoint=reported.append)
     checkpoints = os.path.join(directory, experiment.CHECKPOINTS_DIR)
     self.assertEqual(os.listdir(checkpoints), ['round_2'])
+    # What the interruption line says (`exit_status.rounds_checkpointed`): the
+    # rounds the checkpoints hold, from the start, not the rows written.
+    self.assertEqual(reported, [0, 2])
     self.assertLen(_rows(directory), 3)  # Round 2's row is ahead of the checkpoint.
-    _run(self.simulation, directory, _ROUNDS, checkpoint_period=2)
+    reported.clear()
+    _run(self.simulation, directory, _ROUNDS, checkpoint_period=2,
+         on_checkpoint=reported.append)
+    self.assertEqual(reported, [2, 4])
     self.assertEqual(sorted(os.listdir(checkpoints)), ['round_2', 'round_4'])
     self._assert_equals_the_uninterrupted_run(directory)
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from baselines import centered_clipping as gathering
+from tasks import references
 from tasks import registry
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import least_squares as ls
@@ -22,14 +23,11 @@ TOLERANCE = 1e-5
 
 
 def np_centered_clipping(x, a, tau, iterations, v0):
-  """The paper's eq. (CC) with weights, in float64; and the last iteration's fraction
-  of clients with ‖x_i − v‖ > τ."""
-  v = np.array(v0, np.float64)
-  for _ in range(iterations):
-    distances = np.linalg.norm(x - v, axis=1)
-    scale = np.minimum(1.0, tau / np.maximum(distances, 1e-300))
-    v = v + (a * scale) @ (x - v) / a.sum()
-  return v, float(np.mean(distances > tau))
+  """The paper's eq. (CC) with weights, in float64 (`tasks.references`); and the last
+  iteration's fraction of clients with ‖x_i − v‖ > τ."""
+  trace = {}
+  result = references.centered_clipping(x, a, tau, iterations, v0, trace)
+  return result, trace['fraction_clipped']
 
 
 def start(initial_point, x, a):

@@ -1,6 +1,6 @@
 """Float64 value structures aggregated in float64 by GMA, norm clipping, ARC (issue 36,
-section 3) and the secure centered clipping: against independent float64 numpy
-implementations to 1e-12, on a dict of two float64 tensors (d = 1000) from 20 clients;
+section 3) and the secure centered clipping: against the independent float64 numpy
+references of `tasks.references` to 1e-12, on a dict of two float64 tensors (d = 1000) from 20 clients;
 float32 stays float32.
 
 ARC is tested against numpy around the float64 mean; around the geometric median it
@@ -75,56 +75,22 @@ def example_counts():
 INPUTS = collections.OrderedDict(ordinary=ordinary_inputs, wide_range=wide_range_inputs)
 
 
-# Independent float64 references, each the formula of the aggregator's docstring.
-
-
-np_weighted_mean = references.weighted_mean
-
-
-def np_clip_rows(x, bound):
-  """Rows of norm above `bound` scaled to norm `bound`."""
-  norms = np.linalg.norm(x, axis=1)
-  return x * np.where(norms > bound, bound / norms, 1.0)[:, np.newaxis]
-
-
-def np_gma(x, w):
-  """m ⊙ weighted mean, A_j = |Σ_n sign(x_nj)| / N, m_j = 1 if A_j ≥ τ else A_j."""
-  agreement = np.abs(np.sum(np.sign(x), axis=0)) / len(x)
-  return np.where(agreement >= TAU, 1.0, agreement) * np_weighted_mean(x, w)
-
-
-def np_norm_clipping(x, w):
-  return np_weighted_mean(np_clip_rows(x, CLIP_NORM), w)
-
-
-def np_arc_threshold(norms, f):
-  """The (k+1)-th largest norm, k = ⌊2f(n − f)/n⌋."""
-  n = len(norms)
-  return np.sort(norms)[::-1][2 * f * (n - f) // n]
-
-
-def np_arc_mean(x, w):
-  threshold = np_arc_threshold(np.linalg.norm(x, axis=1), NUM_BYZANTINE)
-  return np_weighted_mean(np_clip_rows(x, threshold), w)
-
-
-def np_centered_clipping(x, w, iterations=3):
-  """v ← v + Σ α_i clip_τ(x_i − v) / Σ α_i, `iterations` times from v = 0."""
-  v = np.zeros(x.shape[1])
-  for _ in range(iterations):
-    v = v + np_weighted_mean(np_clip_rows(x - v, CLIP_NORM), w)
-  return v
-
-
+# The float64 references of `tasks.references`, at the factories' arguments.
 AGGREGATORS = collections.OrderedDict(
-    gma=(GradientMaskedAveragingFactory, np_gma),
-    norm_clipping=(lambda: wrappers.norm_clipping_factory(CLIP_NORM), np_norm_clipping),
+    gma=(GradientMaskedAveragingFactory,
+         lambda x, w: references.gradient_masked_mean(x, w, TAU)),
+    norm_clipping=(lambda: wrappers.norm_clipping_factory(CLIP_NORM),
+                   lambda x, w: references.norm_clipping(x, w, CLIP_NORM)),
     arc_mean=(lambda: arc.AdaptiveRobustClippingFactory(
-        iterative_mean.Float64MeanFactory(), num_byzantine=NUM_BYZANTINE), np_arc_mean),
+        iterative_mean.Float64MeanFactory(), num_byzantine=NUM_BYZANTINE),
+              lambda x, w: references.weighted_mean(
+                  references.arc_clipped_rows(x, NUM_BYZANTINE), w)),
     # From zero: stateless, as the others (the 'previous' start keeps the aggregate,
     # of the value's dtype, as its state).
     secure_centered_clipping=(lambda: SecureCenteredClippingFactory(
-        clip_radius=CLIP_NORM, initial_point='zero'), np_centered_clipping),
+        clip_radius=CLIP_NORM, initial_point='zero'),
+        lambda x, w: references.centered_clipping(x, w, CLIP_NORM, 3,
+                                                  np.zeros(x.shape[1]))),
 )
 
 _PROCESSES = {}
@@ -234,9 +200,9 @@ class ArcAroundGeometricMedianTest(parameterized.TestCase):
     # No float64 numpy GM here: the library's GM on updates clipped by numpy is the
     # reference, so that only ARC's own rounding is measured.
     x, w = INPUTS[inputs](), example_counts()
-    threshold = np_arc_threshold(np.linalg.norm(x, axis=1), NUM_BYZANTINE)
     result, _ = run(self.arc_gm, x, w, np.float64)
-    expected, _ = run(self.gm, np_clip_rows(x, threshold), w, np.float64)
+    expected, _ = run(self.gm, references.arc_clipped_rows(x, NUM_BYZANTINE), w,
+                      np.float64)
     self.assertLessEqual(relative_error(to_vector(result), to_vector(expected)),
                          FLOAT64_TOLERANCE)
 
@@ -253,11 +219,13 @@ class ArcFloat64WeightsTest(parameterized.TestCase):
     w[0] = 1e-50
     proc = process('arc_mean', np.float64, tff.TensorType(np.float64))
     result, measurements = run(proc, x, w, np.float64, np.float64)
-    norms = np.linalg.norm(x, axis=1)
-    np.testing.assert_allclose(measurements[arc.THRESHOLD],
-                               np_arc_threshold(norms, NUM_BYZANTINE), rtol=1e-14)
-    self.assertLessEqual(relative_error(to_vector(result), np_arc_mean(x, w)),
-                         FLOAT64_TOLERANCE)
+    trace = {}
+    clipped = references.arc_clipped_rows(x, NUM_BYZANTINE, trace)
+    np.testing.assert_allclose(measurements[arc.THRESHOLD], trace['threshold'],
+                               rtol=1e-14)
+    self.assertLessEqual(
+        relative_error(to_vector(result), references.weighted_mean(clipped, w)),
+        FLOAT64_TOLERANCE)
 
 
 if __name__ == '__main__':

@@ -1,5 +1,5 @@
 """γ-mean (Entropy 2022, Algorithms 1 and 2) against the float64 log-domain numpy
-γ-mean of `gamma_mean_reference`, at the default spread-scaled γ and at the paper's
+γ-mean of `tasks.references`, at the default spread-scaled γ and at the paper's
 absolute one."""
 
 import collections
@@ -10,8 +10,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import references
 from tests.helpers import aggregator_cases as cases
-from tests.tff_robust.aggregators import gamma_mean_reference as ref
 from tff_robust.aggregators.gamma_mean import GammaMeanFactory
 from tff_robust.aggregators.geometric_median import GeometricMedianFactory
 from tff_robust.aggregators.nonfinite import NonfiniteFilteringFactory
@@ -66,6 +66,12 @@ def with_far_client(honest, far):
   return x.astype(np.float32).astype(np.float64)
 
 
+def honest_mean_and_spread(honest):
+  """m, the honest clients' mean, and s, their root-mean-square distance to it."""
+  m = honest.mean(axis=0)
+  return m, np.sqrt(np.mean(np.sum((honest - m) ** 2, axis=1)))
+
+
 def far_client_cases():
   return [dict(testcase_name=f'{cov}_{far}_{sigma}_d{d}', covariance=cov,
                far=FAR_CLIENTS[far], sigma=SIGMAS[sigma], dimension=d)
@@ -82,9 +88,9 @@ class FarClientTest(parameterized.TestCase):
     honest = honest_clients(sigma, dimension)
     x = with_far_client(honest, far)
     result, output = run_vectors(vector_process(dimension, covariance=covariance), x)
-    m, s = ref.honest_mean_and_spread(honest)
+    m, s = honest_mean_and_spread(honest)
     self.assertLessEqual(np.linalg.norm(result - m), 0.1 * s)
-    expected = ref.gamma_mean(x, np.ones(len(x)), covariance=covariance)
+    expected = references.gamma_mean(x, np.ones(len(x)), covariance=covariance)
     self.assertLessEqual(cases.relative_error(result, expected), TOLERANCE)
     self.assertEqual(output.measurements['num_underflow_passes'], 0)
 
@@ -99,7 +105,7 @@ class OrdinaryInputsTest(parameterized.TestCase):
     weights = np.random.default_rng(2).uniform(0.5, 3.0, size=len(x))
     result, output = run_vectors(vector_process(dimension, covariance=covariance), x,
                                  weights=weights)
-    expected = ref.gamma_mean(x, weights, covariance=covariance)
+    expected = references.gamma_mean(x, weights, covariance=covariance)
     self.assertLessEqual(cases.relative_error(result, expected), TOLERANCE)
     self.assertEqual(output.measurements['num_underflow_passes'], 0)
     self.assertEqual(result.dtype, np.float32)
@@ -113,7 +119,7 @@ class OrdinaryInputsTest(parameterized.TestCase):
     result, _ = run_vectors(vector_process(1000, np.float64, covariance=covariance), x,
                             dtype=np.float64)
     self.assertEqual(result.dtype, np.float64)
-    expected = ref.gamma_mean(x, np.ones(len(x)), covariance=covariance)
+    expected = references.gamma_mean(x, np.ones(len(x)), covariance=covariance)
     self.assertLessEqual(cases.relative_error(result, expected), FLOAT64_TOLERANCE)
 
 
@@ -139,7 +145,7 @@ class MatchesNumpyReferenceTest(parameterized.TestCase):
     x = x.astype(np.float32).astype(np.float64)
     result, output = cases.run(gamma_process(covariance, start), x, w)
     origin = None if start == 'mean' else geometric_median_start(x, w)
-    expected = ref.gamma_mean(x, w, covariance=covariance, start=origin)
+    expected = references.gamma_mean(x, w, covariance=covariance, start=origin)
     self.assertLessEqual(cases.relative_error(result, expected), TOLERANCE)
     self.assertEqual(output.measurements['num_underflow_passes'], 0)
     calls = ITERATIONS + (1 if start == 'mean' else 3 + 1)
@@ -155,7 +161,7 @@ class MatchesNumpyReferenceTest(parameterized.TestCase):
             GammaMeanFactory(covariance=covariance))), poisoned, w)
     keep = np.array([i not in (1, 6) for i in range(cases.NUM_CLIENTS)])
     self.assertEqual(output.measurements['num_nonfinite_clients'], 2)
-    expected = ref.gamma_mean(x[keep], w[keep], covariance=covariance)
+    expected = references.gamma_mean(x[keep], w[keep], covariance=covariance)
     self.assertLessEqual(cases.relative_error(result, expected), TOLERANCE)
 
   @parameterized.named_parameters(*[(cov, cov) for cov in COVARIANCES])
@@ -183,7 +189,7 @@ class PaperSettingTest(parameterized.TestCase):
     proc = vector_process(dimension, covariance=covariance, gamma=gamma,
                           gamma_scale='absolute')
     result, output = run_vectors(proc, x)
-    expected = ref.gamma_mean(x, np.ones(len(x)), gamma=gamma, covariance=covariance,
+    expected = references.gamma_mean(x, np.ones(len(x)), gamma=gamma, covariance=covariance,
                               scale='absolute')
     self.assertLessEqual(cases.relative_error(result, expected), TOLERANCE)
     self.assertEqual(output.measurements['num_underflow_passes'], 0)
@@ -195,7 +201,7 @@ class PaperSettingTest(parameterized.TestCase):
     x = with_far_client(honest, 1e20)
     proc = vector_process(100000, covariance=covariance, gamma_scale='absolute')
     result, output = run_vectors(proc, x)
-    m, s = ref.honest_mean_and_spread(honest)
+    m, s = honest_mean_and_spread(honest)
     self.assertGreater(output.measurements['num_underflow_passes'], 0)
     self.assertGreater(np.sum(output.measurements['capped_clients']), 0)
     self.assertLessEqual(np.linalg.norm(result - m), s)
@@ -207,7 +213,7 @@ class PaperSettingTest(parameterized.TestCase):
     x = with_far_client(honest, 1e20)
     proc = vector_process(1000, covariance='diagonal', gamma_scale='absolute')
     result, _ = run_vectors(proc, x)
-    m, s = ref.honest_mean_and_spread(honest)
+    m, s = honest_mean_and_spread(honest)
     self.assertLessEqual(np.linalg.norm(result - m), 0.1 * s)
 
   def test_huge_gamma_keeps_the_nearest_clients_and_flags_them(self):
@@ -227,7 +233,7 @@ class PaperSettingTest(parameterized.TestCase):
     proc = gamma_process('identity', gamma_per_dimension=0.18)
     x, w = cases.random_inputs(33), cases.random_weights()
     result, _ = cases.run(proc, x, w)
-    expected = ref.gamma_mean(x.astype(np.float32).astype(np.float64), w,
+    expected = references.gamma_mean(x.astype(np.float32).astype(np.float64), w,
                               gamma=0.18 / cases.DIMENSION, scale='absolute')
     self.assertLessEqual(cases.relative_error(result, expected), TOLERANCE)
 
@@ -272,7 +278,7 @@ class SecureSumCompositionTest(cases.SecureSumContextMixin, parameterized.TestCa
         covariance=covariance, inner_mean_factory=secure_mean))
     x, w = cases.random_inputs(34), cases.random_weights()
     result, _ = cases.run(proc, x, w)
-    expected = ref.gamma_mean(x, w, covariance=covariance)
+    expected = references.gamma_mean(x, w, covariance=covariance)
     np.testing.assert_allclose(result, expected, atol=1e-3)
 
 

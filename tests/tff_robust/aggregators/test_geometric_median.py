@@ -1,4 +1,5 @@
-"""GeometricMedianFactory against a plain-numpy smoothed Weiszfeld (paper Algorithm 2)."""
+"""GeometricMedianFactory against the plain-numpy smoothed Weiszfeld (paper Algorithm 2)
+of `tasks.references`."""
 
 import collections
 
@@ -7,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import references
 import tff_robust
 
 SHAPES = collections.OrderedDict(kernel=(3, 4), bias=(4,), scalar=())
@@ -15,56 +17,14 @@ VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
 WEIGHT_TYPE = tff.TensorType(np.float32)
 
 
-def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='zero',
-                             criteria=None, max_weights=None, centers=None):
-  """Algorithm 2 of the paper on rows of `points`, stopped by the relative gradient.
-
-  `start` is 'zero' (pass 1 a Weiszfeld step from 0), 'mean' (pass 1 the α-mean) or
-  a point (pass 1 a Weiszfeld step from it: the warm start).
-  Returns the estimate and g_ν after every pass. Pass r ≥ 2 computes the Weiszfeld
-  step v⁺ from v and the relative gradient ‖v⁺ − v‖·Σβ/Σα (appended to `criteria` if
-  given); v⁺ is applied unless the estimate is frozen, and the estimate freezes once
-  the criterion is at most a positive `tolerance`. Every pass's max_i β_i/Σβ is
-  appended to `max_weights`, and every point at which β is computed to `centers`.
-  """
-  points = np.asarray(points, np.float64)
-  alphas = np.asarray(alphas, np.float64)
-
-  def smoothed_objective(v):
-    d = np.linalg.norm(points - v, axis=1)
-    return np.sum(alphas * np.where(d > nu, d, d * d / (2 * nu) + nu / 2))
-
-  def weights(v):
-    return alphas / np.maximum(nu, np.linalg.norm(points - v, axis=1))
-
-  def step_with(beta):
-    if max_weights is not None:
-      max_weights.append(beta.max() / beta.sum())
-    return beta @ points / beta.sum()
-
-  def weiszfeld_step(v):
-    if centers is not None:
-      centers.append(v)
-    return step_with(weights(v))
-
-  if isinstance(start, np.ndarray):
-    v = weiszfeld_step(start)
-  elif start == 'zero':
-    v = weiszfeld_step(np.zeros(points.shape[1]))
-  else:
-    v = step_with(alphas)
-  objectives, frozen = [], False
-  for _ in range(passes - 1):
-    objectives.append(smoothed_objective(v))
-    proposal = weiszfeld_step(v)
-    criterion = np.linalg.norm(proposal - v) * weights(v).sum() / alphas.sum()
-    if criteria is not None:
-      criteria.append(criterion)
-    if not frozen:
-      v = proposal
-    frozen = frozen or (tolerance > 0 and criterion <= tolerance)
-  objectives.append(smoothed_objective(v))
-  return v, np.array(objectives)
+def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='zero'):
+  """Algorithm 2 with the absolute ν (`tasks.references.geometric_median`): the
+  estimate and its trace (objectives, relative gradients, max effective weight, the
+  points each Weiszfeld step started from)."""
+  trace = {}
+  estimate = references.geometric_median(points, alphas, passes, nu=nu,
+                                         tolerance=tolerance, start=start, trace=trace)
+  return estimate, trace
 
 
 def to_structure(vector):
@@ -84,8 +44,24 @@ def to_vector(structure):
 DIMENSION = sum(int(np.prod(s)) for s in SHAPES.values())
 
 
-def aggregate(factory, points, weights):
-  process = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+# Processes by their factory's arguments: tracing one costs ~1 s, and a process runs
+# any number of clients, so the cases of one configuration share it.
+_PROCESSES = {}
+
+
+def gm_process(filtered=False, **kwargs):
+  """The process of `GeometricMedianFactory(**kwargs)` (behind
+  `NonfiniteFilteringFactory` if `filtered`) for VALUE_TYPE, created once."""
+  key = (filtered, tuple(sorted(kwargs.items())))
+  if key not in _PROCESSES:
+    factory = tff_robust.GeometricMedianFactory(**kwargs)
+    if filtered:
+      factory = tff_robust.NonfiniteFilteringFactory(factory)
+    _PROCESSES[key] = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+  return _PROCESSES[key]
+
+
+def aggregate(process, points, weights):
   output = process.next(
       process.initialize(),
       [to_structure(p) for p in np.asarray(points)],
@@ -128,32 +104,29 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
   def _assert_matches(self, points, weights, passes, nu, start):
     """The factory's result and measurements against the numpy Algorithm 2; returns
     the points where the reference computed β."""
-    criteria, max_weights, centers = [], [], []
-    expected, expected_objectives = numpy_smoothed_weiszfeld(
-        points, weights, passes, nu, start=start, criteria=criteria,
-        max_weights=max_weights, centers=centers)
+    expected, trace = numpy_smoothed_weiszfeld(points, weights, passes, nu, start=start)
 
     # The paper's start is one argument away from the default.
     actual, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(
-            num_communication_passes=passes, nu=nu, initial_point=start),
+        gm_process(num_communication_passes=passes, nu=nu, initial_point=start),
         points, weights)
 
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
-    np.testing.assert_allclose(measurements['objective'], expected_objectives, rtol=1e-5)
-    np.testing.assert_allclose(measurements['relative_gradient'], criteria, rtol=1e-4,
-                               atol=1e-6)
-    np.testing.assert_allclose(measurements['max_effective_weight'], max(max_weights),
-                               rtol=1e-5)
+    np.testing.assert_allclose(measurements['objective'], trace['objective'], rtol=1e-5)
+    np.testing.assert_allclose(measurements['relative_gradient'],
+                               trace['relative_gradient'], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(measurements['max_effective_weight'],
+                               trace['max_effective_weight'], rtol=1e-5)
     self.assertEqual(measurements['num_secure_average_calls'], passes)
-    return centers
+    return trace['centers']
 
   def test_one_step_matches_algorithm_3(self):
     rng = np.random.default_rng(3)
     points, weights = rng.normal(size=(6, DIMENSION)), rng.uniform(1, 9, size=6)
     beta = weights / np.maximum(1e-6, np.linalg.norm(points, axis=1))
     actual, measurements = aggregate(
-        tff_robust.one_step_geometric_median_factory(), points, weights)
+        tff_robust.one_step_geometric_median_factory().create(VALUE_TYPE, WEIGHT_TYPE),
+        points, weights)
     self.assertLessEqual(relative_error(actual, beta @ points / beta.sum()), 1e-5)
     self.assertEqual(measurements['num_secure_average_calls'], 1)
 
@@ -161,7 +134,7 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
     # Lemma 13: g_ν strictly decreases along the iterates until the optimum.
     rng = np.random.default_rng(5)
     _, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(num_communication_passes=5, tolerance=0.0),
+        gm_process(num_communication_passes=5, tolerance=0.0),
         rng.standard_cauchy(size=(9, DIMENSION)), np.ones(9))
     self.assertTrue(np.all(np.diff(measurements['objective']) <= 1e-6))
 
@@ -169,8 +142,7 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
     rng = np.random.default_rng(6)
     points, weights = rng.normal(size=(5, DIMENSION)), rng.uniform(1, 10, size=5)
     _, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(num_communication_passes=1, initial_point='mean'),
-        points, weights)
+        gm_process(num_communication_passes=1, initial_point='mean'), points, weights)
     self.assertAlmostEqual(
         measurements['max_effective_weight'], weights.max() / weights.sum(), places=6)
 
@@ -192,21 +164,20 @@ class WarmStartTest(parameterized.TestCase):
 
   @parameterized.product(passes=[1, 2, 3], nu=[1e-6, 1e-2])
   def test_matches_numpy_with_the_state_carried_over_rounds(self, passes, nu):
-    factory = tff_robust.GeometricMedianFactory(
-        num_communication_passes=passes, nu=nu, initial_point='previous')
-    process = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+    process = gm_process(num_communication_passes=passes, nu=nu,
+                         initial_point='previous')
     state, previous = process.initialize(), np.zeros(DIMENSION)
     for points, weights in self._rounds(3, seed=passes):
-      criteria = []
-      expected, expected_objectives = numpy_smoothed_weiszfeld(
-          points, weights, passes, nu, start=previous, criteria=criteria)
+      expected, trace = numpy_smoothed_weiszfeld(points, weights, passes, nu,
+                                                 start=previous)
       output = process.next(state, [to_structure(p) for p in points],
                             [np.float32(w) for w in weights])
       actual = to_vector(output.result)
       self.assertLessEqual(relative_error(actual, expected), 1e-5)
-      np.testing.assert_allclose(output.measurements['objective'], expected_objectives,
+      np.testing.assert_allclose(output.measurements['objective'], trace['objective'],
                                  rtol=1e-5)
-      np.testing.assert_allclose(output.measurements['relative_gradient'], criteria,
+      np.testing.assert_allclose(output.measurements['relative_gradient'],
+                                 trace['relative_gradient'],
                                  rtol=1e-4, atol=1e-6)
       # The state carries the result, at SERVER, for the next round.
       np.testing.assert_array_equal(
@@ -217,15 +188,12 @@ class WarmStartTest(parameterized.TestCase):
 
   def test_first_round_equals_the_zero_start(self):
     points, weights = self._rounds(1, seed=7)[0]
-    warm, _ = aggregate(tff_robust.GeometricMedianFactory(initial_point='previous'),
-                        points, weights)
-    zero, _ = aggregate(tff_robust.GeometricMedianFactory(initial_point='zero'),
-                        points, weights)
+    warm, _ = aggregate(gm_process(initial_point='previous'), points, weights)
+    zero, _ = aggregate(gm_process(initial_point='zero'), points, weights)
     np.testing.assert_array_equal(warm, zero)
 
   def test_initial_state_is_the_zero_update_at_server(self):
-    process = tff_robust.GeometricMedianFactory(initial_point='previous').create(
-        VALUE_TYPE, WEIGHT_TYPE)
+    process = gm_process(initial_point='previous')
     state_type = process.initialize.type_signature.result
     self.assertEqual(state_type.placement, tff.SERVER)
     previous = process.initialize()[tff_robust.aggregators.geometric_median.PREVIOUS_AGGREGATE]
@@ -234,9 +202,7 @@ class WarmStartTest(parameterized.TestCase):
   def test_state_survives_a_checkpoint(self):
     import asyncio  # pylint: disable=g-import-not-at-top
     import tempfile  # pylint: disable=g-import-not-at-top
-    process = tff_robust.GeometricMedianFactory(
-        num_communication_passes=1, initial_point='previous').create(
-            VALUE_TYPE, WEIGHT_TYPE)
+    process = gm_process(num_communication_passes=1, initial_point='previous')
     (points, weights), (next_points, next_weights) = self._rounds(2, seed=8)
     state = process.next(process.initialize(), [to_structure(p) for p in points],
                          [np.float32(w) for w in weights]).state
@@ -271,9 +237,8 @@ class GeometricMedianRobustnessTest(parameterized.TestCase):
   def test_three_of_ten_huge_updates_barely_move_the_median(self, start, passes):
     points, clean_median = self._three_of_ten_huge()
     actual, _ = aggregate(
-        tff_robust.GeometricMedianFactory(
-            num_communication_passes=passes, initial_point=start),
-        points, np.ones(10))
+        gm_process(num_communication_passes=passes, initial_point=start), points,
+        np.ones(10))
     self.assertLess(relative_error(actual, clean_median), 0.02)
     self.assertGreater(relative_error(points.mean(axis=0), clean_median), 10.0)
 
@@ -282,8 +247,7 @@ class GeometricMedianRobustnessTest(parameterized.TestCase):
     # starts 300x away from the clean points when outliers are 1000x larger, and
     # Weiszfeld's linear rate cannot close that gap in two steps.
     points, clean_median = self._three_of_ten_huge()
-    actual, _ = aggregate(tff_robust.GeometricMedianFactory(initial_point='mean'),
-                          points, np.ones(10))
+    actual, _ = aggregate(gm_process(initial_point='mean'), points, np.ones(10))
     self.assertGreater(relative_error(actual, clean_median), 1.0)
 
   @parameterized.parameters(1, 2, 4)
@@ -296,9 +260,7 @@ class GeometricMedianRobustnessTest(parameterized.TestCase):
       bad[i, i] = (np.nan, np.inf, -np.inf)[i % 3]
     expected, _ = numpy_smoothed_weiszfeld(points[num_bad:], weights[num_bad:], 3, 1e-6)
 
-    actual, measurements = aggregate(
-        tff_robust.NonfiniteFilteringFactory(tff_robust.GeometricMedianFactory()), bad,
-        weights)
+    actual, measurements = aggregate(gm_process(filtered=True), bad, weights)
 
     self.assertTrue(np.all(np.isfinite(actual)))
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
@@ -306,9 +268,8 @@ class GeometricMedianRobustnessTest(parameterized.TestCase):
 
   def test_nonfinite_weight_is_dropped(self):
     points = np.random.default_rng(1).normal(size=(4, DIMENSION))
-    actual, measurements = aggregate(
-        tff_robust.NonfiniteFilteringFactory(tff_robust.GeometricMedianFactory()),
-        points, [1.0, np.nan, 1.0, 1.0])
+    actual, measurements = aggregate(gm_process(filtered=True), points,
+                                     [1.0, np.nan, 1.0, 1.0])
     expected, _ = numpy_smoothed_weiszfeld(points[[0, 2, 3]], np.ones(3), 3, 1e-6)
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
     self.assertEqual(measurements['num_nonfinite_clients'], 1)
@@ -318,15 +279,14 @@ class GeometricMedianDegenerateInputsTest(parameterized.TestCase):
 
   def test_all_identical_points(self):
     point = np.random.default_rng(2).normal(size=DIMENSION)
-    actual, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(), np.tile(point, (5, 1)), np.arange(1, 6))
+    actual, measurements = aggregate(gm_process(), np.tile(point, (5, 1)),
+                                     np.arange(1, 6))
     np.testing.assert_allclose(actual, point, rtol=1e-6)
     self.assertTrue(np.all(np.isfinite(measurements['objective'])))
 
   def test_single_client(self):
     point = np.random.default_rng(3).normal(size=DIMENSION)
-    actual, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(), point[np.newaxis], [3.0])
+    actual, measurements = aggregate(gm_process(), point[np.newaxis], [3.0])
     np.testing.assert_allclose(actual, point, rtol=1e-6)
     self.assertAlmostEqual(measurements['max_effective_weight'], 1.0)
 
@@ -335,32 +295,31 @@ class GeometricMedianDegenerateInputsTest(parameterized.TestCase):
     points, weights = rng.normal(size=(6, DIMENSION)), np.array([0, 2, 0, 1, 3, 1.0])
     expected, _ = numpy_smoothed_weiszfeld(points[weights > 0], weights[weights > 0],
                                            3, 1e-6)
-    actual, _ = aggregate(tff_robust.GeometricMedianFactory(), points, weights)
+    actual, _ = aggregate(gm_process(), points, weights)
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
 
   def test_all_zero_weights_give_zero(self):
     points = np.random.default_rng(5).normal(size=(3, DIMENSION))
-    actual, _ = aggregate(tff_robust.GeometricMedianFactory(), points, np.zeros(3))
+    actual, _ = aggregate(gm_process(), points, np.zeros(3))
     np.testing.assert_array_equal(actual, np.zeros(DIMENSION))
 
   def test_nu_larger_than_every_distance_gives_the_mean(self):
     # Every β_i = α_i / ν: all passes are the weighted mean.
     rng = np.random.default_rng(6)
     points, weights = 1e-3 * rng.normal(size=(5, DIMENSION)), rng.uniform(1, 2, 5)
-    actual, _ = aggregate(tff_robust.GeometricMedianFactory(nu=10.0), points, weights)
+    actual, _ = aggregate(gm_process(nu=10.0), points, weights)
     expected = weights @ points / weights.sum()
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
 
   def test_tolerance_freezes_converged_estimate(self):
     rng = np.random.default_rng(7)
     points = rng.normal(size=(5, DIMENSION))
-    expected, objectives = numpy_smoothed_weiszfeld(points, np.ones(5), 6, 1e-6, 0.5)
+    expected, trace = numpy_smoothed_weiszfeld(points, np.ones(5), 6, 1e-6, 0.5)
     actual, measurements = aggregate(
-        tff_robust.GeometricMedianFactory(num_communication_passes=6, nu=1e-6,
-                                          tolerance=0.5),
-        points, np.ones(5))
+        gm_process(num_communication_passes=6, nu=1e-6, tolerance=0.5), points,
+        np.ones(5))
     self.assertLessEqual(relative_error(actual, expected), 1e-5)
-    np.testing.assert_allclose(measurements['objective'], objectives, rtol=1e-5)
+    np.testing.assert_allclose(measurements['objective'], trace['objective'], rtol=1e-5)
     self.assertLess(measurements['num_passes_applied'], 6)
     self.assertEqual(measurements['frozen_at_pass'], measurements['num_passes_applied'])
 

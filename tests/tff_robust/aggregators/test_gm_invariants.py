@@ -10,10 +10,10 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow_federated as tff
 
-import tff_robust
 from baselines import geometric_median as gathered
+from tasks import references
+import tff_robust
 from tff_robust.distributed import passwise
-from tests.helpers import gm_reference
 
 NUM_HONEST = 19
 
@@ -34,7 +34,7 @@ def with_client(honest, client):
     extra = np.full(honest.shape[1], 1e30)
   elif client.startswith('iterate'):  # Exactly the default's iterate k without it.
     passes = int(client[len('iterate'):])
-    extra = gm_reference.numpy_default_gm(honest, np.ones(NUM_HONEST), passes)
+    extra = references.geometric_median(honest, np.ones(NUM_HONEST), passes)
   else:
     raise ValueError(client)
   return np.vstack([honest, extra[np.newaxis]])
@@ -89,35 +89,35 @@ class NoSingleClientPinsTheEstimateTest(parameterized.TestCase):
   @parameterized.product(client=CLIENTS, case=[('agreeing', 100), ('normal', 1000)])
   def test_default_gm_is_near_the_median(self, client, case):
     points = with_client(honest_updates(case[1], case[0]), client)
-    median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
+    median = references.exact_geometric_median(points, np.ones(len(points)))
     result, measurements = run('gm', points)
     self.assertLess(relative_distance(result, median), 0.05)
     self.assertLen(measurements['nu'], 3)
     # And it is the numpy Algorithm 2 with the relative ν, to float32 rounding.
-    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 3)
+    expected = references.geometric_median(points, np.ones(len(points)), 3)
     self.assertLess(relative_distance(result, expected), 1e-5)
 
   @parameterized.product(client=['zero', 'tiny'], case=[('agreeing', 100),
                                                          ('normal', 1000)])
   def test_one_step_is_not_pulled_to_the_client(self, client, case):
     points = with_client(honest_updates(case[1], case[0]), client)
-    median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
+    median = references.exact_geometric_median(points, np.ones(len(points)))
     result, _ = run('one_step', points)
     self.assertGreater(np.linalg.norm(result), 0.5 * np.linalg.norm(median))
-    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 1)
+    expected = references.geometric_median(points, np.ones(len(points)), 1)
     self.assertLess(relative_distance(result, expected), 1e-5)
 
   def test_the_papers_absolute_nu_is_one_argument_away(self):
     # And it is what the default used to do: the zero update pins it near zero.
     points = with_client(honest_updates(100, 'agreeing'), 'zero')
-    median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
+    median = references.exact_geometric_median(points, np.ones(len(points)))
     result, measurements = run('gm', points, nu=tff_robust.aggregators.geometric_median.PAPER_NU)
     self.assertLess(np.linalg.norm(result), 1e-2 * np.linalg.norm(median))
     np.testing.assert_array_equal(measurements['nu'], [1e-6] * 3)
 
   def test_a_far_client_keeps_its_weight(self):
     points = with_client(honest_updates(100, 'agreeing'), 'far')
-    median = gm_reference.exact_geometric_median(points, np.ones(len(points)))
+    median = references.exact_geometric_median(points, np.ones(len(points)))
     result, _ = run('gm', points)
     self.assertLess(relative_distance(result, median), 1e-3)
 
@@ -136,8 +136,8 @@ class FarMajorityTest(parameterized.TestCase):
     honest_mean = honest.mean(axis=0)
     # A median-scaled ν (half of the weight far away) moved it by ~400× that.
     self.assertLess(relative_distance(result, honest_mean), 5.0)
-    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)),
-                                             3 if factory == 'gm' else 1)
+    expected = references.geometric_median(points, np.ones(len(points)),
+                                           3 if factory == 'gm' else 1)
     self.assertLess(relative_distance(result, expected), 1e-5)
 
 
@@ -172,7 +172,7 @@ class ExtremeClientsTest(parameterized.TestCase):
     # float32's smallest normal number: a float32 β is flushed to 0.
     honest = honest_updates(1000, 'normal')
     points = np.vstack([honest, np.full((1, 1000), 1e37)])
-    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 3)
+    expected = references.geometric_median(points, np.ones(len(points)), 3)
     if path == 'gathered':
       result, _ = run('gathered', points)
     else:
@@ -186,11 +186,11 @@ class ExtremeClientsTest(parameterized.TestCase):
     points = 1e50 * with_client(honest_updates(100, 'agreeing'), 'zero')
     points[-1] = 1e200
     result, _ = run('gathered' if path == 'gathered' else 'gm', points, dtype=np.float64)
-    expected = gm_reference.numpy_default_gm(points, np.ones(len(points)), 3,
-                                             float64=True)
+    expected = references.geometric_median(points, np.ones(len(points)), 3,
+                                           float64=True)
     self.assertLess(relative_distance(result, expected), 1e-9)
-    honest_median = gm_reference.exact_geometric_median(points[:-1],
-                                                        np.ones(NUM_HONEST))
+    honest_median = references.exact_geometric_median(points[:-1],
+                                                      np.ones(NUM_HONEST))
     self.assertLess(relative_distance(result, honest_median), 0.1)
 
 
@@ -203,8 +203,8 @@ class Float64AndPathsTest(parameterized.TestCase):
     passes = 3 if factory == 'gm' else 1
     result, _ = run(factory, points, alphas, dtype=np.float64)
     self.assertEqual(result.dtype, np.float64)
-    expected = gm_reference.numpy_default_gm(points, alphas.astype(np.float32).astype(np.float64),
-                                passes)
+    expected = references.geometric_median(
+        points, alphas.astype(np.float32).astype(np.float64), passes)
     self.assertLess(relative_distance(result, expected), 1e-12)
 
   @parameterized.product(path=['passwise', 'gathered'], start=['zero', 'mean',

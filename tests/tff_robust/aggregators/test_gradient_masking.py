@@ -1,10 +1,12 @@
-"""Gradient Masked Averaging against a numpy implementation of the GMA paper's eq. 3."""
+"""Gradient Masked Averaging against the numpy GMA (the paper's eq. 3) of
+`tasks.references`."""
 
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import references
 from tests.helpers import aggregator_cases as cases
 from tff_robust.aggregators.gradient_masking import GradientMaskedAveragingFactory
 from tff_robust.aggregators.nonfinite import NonfiniteFilteringFactory
@@ -13,10 +15,10 @@ TOLERANCE = 1e-5
 
 
 def np_gma(x, w, tau):
-  """A_j = |(1/N) Σ_n sign(Δ_n)_j|, m_j = 1 if A_j ≥ τ else A_j, m ⊙ weighted mean."""
-  agreement = np.abs(np.mean(np.sign(x), axis=0))
-  mask = np.where(agreement >= tau, 1.0, agreement)
-  return mask * np.average(x, axis=0, weights=w), agreement
+  """m ⊙ weighted mean, m_j = 1 if A_j ≥ τ else A_j (`tasks.references`); and the
+  agreements A_j = |(1/N) Σ_n sign(Δ_n)_j|."""
+  trace = {}
+  return references.gradient_masked_mean(x, w, tau, trace), trace['agreement']
 
 
 def gma_process(tau):
