@@ -150,8 +150,8 @@ class ClientDataDirectory:
     def client_dataset(key):
       stored = tf.io.read_file(tf.strings.join([directory, _TOKEN_FILE], '/'))
       check = tf.debugging.assert_equal(
-          stored, token, message=f'{directory} on this worker is not the driver\'s '
-          'export of the client data (DATASET_ID differs)')
+          stored, token, message=f'{directory} on this worker is not the export '
+          'of the client data the driver made (DATASET_ID differs)')
       with tf.control_dependencies([check]):
         stem = tf.strings.join(
             [directory, tf.io.encode_base64(key.client_id, pad=False)], '/')
