@@ -1,8 +1,8 @@
 r"""Round time of RFA with the clients spread over 1, 2 and 4 TFF workers, against one
 process; the driver's bytes per round; the cost model measured against.
 
-The paper's EMNIST model on the bundled digits, RFA (`--passes` R), `--clients_per_round`
-clients. One round is `tasks.simulation`'s round: local training, then the
+The paper's EMNIST model on the bundled digits, RFA (`--passes` R),
+`--clients_per_round` clients. One round is `tasks.simulation`'s round: local training, then the
 aggregation, then the server optimizer. Single process: `loop.Simulation` (TFF's own
 local worker). N workers: `DistributedSimulation`, training as one aggregation-free
 computation split over the workers, then every RFA pass as one computation split
@@ -167,7 +167,8 @@ def _run_network(argv) -> None:
         _wait_for_line(process, log, 'listening')
       addresses, start = {}, 0
       for n in counts:
-        addresses[n] = [f'{a}:{_PORT}' for a in network.worker_addresses[start:start + n]]
+        chosen = network.worker_addresses[start:start + n]
+        addresses[n] = [f'{a}:{_PORT}' for a in chosen]
         start += n
       setup = json.dumps({'num_workers': total, 'addresses': addresses,
                           'credentials': credentials})
@@ -209,8 +210,8 @@ def _drive(addresses, credentials, network) -> None:
       client_spec=builders.ClientSpec(num_epochs=_EPOCHS.value, batch_size=50,
                                       max_elements=_MAX_ELEMENTS.value))
   factory = registry.aggregator_from_name('gm', num_communication_passes=_PASSES.value)
-  kwargs = dict(clients_per_round=_CLIENTS.value, client_learning_rate=loop.StepSchedule(
-      0.05), seed=0)
+  kwargs = dict(clients_per_round=_CLIENTS.value,
+                client_learning_rate=loop.StepSchedule(0.05), seed=0)
   counts = _counts()
   bandwidths = _bandwidths() if network is not None else [None]
   contexts = {n: distributed.DistributedContext(addresses[n], credentials=credentials)
@@ -246,6 +247,9 @@ def _drive(addresses, credentials, network) -> None:
           states[key], _ = simulation.run_round(states[key], round_num)
           elapsed = time.perf_counter() - start
           link_after = link_emulation.interface_bytes() if network else (0, 0)
+          print(f'round {round_num} {key} limit {mbit}: {elapsed:.2f} s, driver out '
+                f'{(link_after[0] - link_before[0]) / 1e6:.2f} MB', file=sys.stderr,
+                flush=True)
           if round_index < _WARMUP.value:
             continue
           grpc_after = context.traffic() if context else {}
@@ -261,7 +265,8 @@ def _drive(addresses, credentials, network) -> None:
   finally:
     for context in contexts.values():
       context.close()
-  params = sum(int(np.prod(np.shape(w))) for w in states['single']['model']['trainable'])
+  params = sum(int(np.prod(np.shape(w)))
+               for w in states['single']['model']['trainable'])
   _report(rows, counts, bandwidths, params, network is not None)
 
 

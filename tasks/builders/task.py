@@ -257,7 +257,8 @@ def shuffle_seeds(dataset: tf.data.Dataset) -> Optional[tuple[int, int]]:
   found = []
   while dataset is not None:
     if type(dataset).__name__ == '_ShuffleDataset':
-      found.append((int(dataset._seed), int(dataset._seed2)))  # pylint: disable=protected-access
+      # pylint: disable-next=protected-access
+      found.append((int(dataset._seed), int(dataset._seed2)))
     dataset = getattr(dataset, '_input_dataset', None)
   if len(found) > 1:
     raise ValueError(f'The client dataset shuffles {len(found)} times; expected once.')

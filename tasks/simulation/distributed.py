@@ -24,6 +24,7 @@ the same command (after restarting the worker) resumes there.
 
 import collections
 import contextlib
+import ipaddress
 from typing import Optional
 
 import numpy as np
@@ -279,9 +280,30 @@ def build_simulation(task: task_lib.Task,
                      aggregator_factory: tff.aggregators.WeightedAggregationFactory,
                      client_work: Optional[client_work_lib.ClientWork] = None, *,
                      context: Optional[distributed.DistributedContext] = None,
+                     client_data_dir: Optional[str] = None,
                      **kwargs) -> loop.Simulation:
-  """`loop.Simulation`, or `DistributedSimulation` on `context` when one is given."""
+  """`loop.Simulation`, or `DistributedSimulation` on `context` when one is given.
+
+  On workers, the workers read their clients' data from `client_data_dir` (an export
+  present at that path on every worker, see `worker_data`) when given; else from a
+  temporary export if every worker is on this machine; else (workers elsewhere, no
+  directory) the driver sends the datasets.
+  """
   if context is None:
+    if client_data_dir is not None:
+      raise ValueError('client_data_dir is where workers read client data: give a '
+                       'context of workers too.')
     return loop.Simulation(task, aggregator_factory, client_work, **kwargs)
+  data_on_workers = client_data_dir is not None or all(
+      _on_this_machine(address) for address in context.addresses)
   return DistributedSimulation(task, aggregator_factory, client_work, context=context,
-                               **kwargs)
+                               data_on_workers=data_on_workers,
+                               client_data_dir=client_data_dir, **kwargs)
+
+
+def _on_this_machine(address: str) -> bool:
+  host = address.rpartition(':')[0].strip('[]')
+  try:
+    return host == 'localhost' or ipaddress.ip_address(host).is_loopback
+  except ValueError:
+    return False

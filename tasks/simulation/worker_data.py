@@ -57,7 +57,8 @@ def _raw_spec(task: task_lib.Task):
   client_data = task.train_data
   spec = getattr(client_data, 'element_type_structure', None)
   if spec is None:
-    spec = client_data.create_tf_dataset_for_client(client_data.client_ids[0]).element_spec
+    first = client_data.client_ids[0]
+    spec = client_data.create_tf_dataset_for_client(first).element_spec
   return spec
 
 
@@ -172,8 +173,9 @@ class ClientDataDirectory:
 
 def collections_manifest(task: task_lib.Task, spec) -> dict:
   """What an export must match to be reused: the task, its data and element spec."""
-  return {'task': task.name, 'provenance': json.loads(json.dumps(
-      dict(task.provenance), default=str)), 'num_clients': len(task.train_data.client_ids),
+  provenance = json.loads(json.dumps(dict(task.provenance), default=str))
+  return {'task': task.name, 'provenance': provenance,
+          'num_clients': len(task.train_data.client_ids),
           'element_spec': [[s.dtype.name, s.shape.as_list()]
                            for s in tf.nest.flatten(spec)]}
 

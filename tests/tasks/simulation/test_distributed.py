@@ -105,7 +105,8 @@ def test_workers_reading_clients_by_id_train_on_the_drivers_batches(data_on_work
       task, factory, context=context, data_on_workers=data_on_workers, **kwargs)
   state, metrics = simulation.run_round(simulation.initial_state(), 2)
 
-  for got, want in zip(state['model']['trainable'], expected_state['model']['trainable']):
+  for got, want in zip(state['model']['trainable'],
+                       expected_state['model']['trainable']):
     assert _close(got, want)
   for key, want in expected.items():
     assert _close(metrics[key], want), (key, metrics[key], want)

@@ -102,7 +102,8 @@ def test_a_worker_with_another_export_fails(task, tmp_path):
   client_data.export([client_id])
   with open(os.path.join(directory, 'DATASET_ID'), 'w') as f:
     f.write('another export')
-  with pytest.raises(Exception, match='not the export of the client data the driver made'):
+  with pytest.raises(Exception,
+                     match='not the export of the client data the driver made'):
     client_data.dataset_computation(_key(client_data, client_id, None, (1, 2)))
 
 
