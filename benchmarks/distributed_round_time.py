@@ -84,6 +84,9 @@ _BANDWIDTHS = flags.DEFINE_list('bandwidth_mbit', ['0', '50'],
                                 'Link limits to interleave, Mbit/s (0: none); netns.')
 _PROJECT = flags.DEFINE_list('project_gbit', ['1', '10'],
                              'Driver link bandwidths of the projection, Gbit/s.')
+_PATHS = flags.DEFINE_list('paths', ['datasets', 'ids'],
+                           'How workers get client data: the driver sends the '
+                           'datasets, or they read them by client id.')
 _SETUP = flags.DEFINE_string('driver_setup', None, 'Internal: the netns driver\'s '
                              'workers (JSON), set by the parent process.')
 
@@ -120,6 +123,7 @@ def _bandwidths():
 
 
 def main(argv):
+  del argv
   if _NETWORK.value == 'loopback':
     with runtime.worker_binaries_stopped():
       pools = {n: distributed.LocalWorkers(n) for n in _counts()}
@@ -131,7 +135,7 @@ def main(argv):
         for pool in pools.values():
           pool.stop()
   elif _SETUP.value is None:
-    _run_network(argv)
+    _run_network()
   else:
     setup = json.loads(_SETUP.value)
     network = link_emulation.Network(setup['num_workers'], prefix=_PREFIX)
@@ -140,7 +144,7 @@ def main(argv):
              setup['credentials'], network)
 
 
-def _run_network(argv) -> None:
+def _run_network() -> None:
   """Parent: the namespaces, credentials and workers; the driver as a child in its
   namespace."""
   counts = _counts()
@@ -173,7 +177,7 @@ def _run_network(argv) -> None:
       setup = json.dumps({'num_workers': total, 'addresses': addresses,
                           'credentials': credentials})
       child = network.popen(network.driver, [
-          sys.executable, '-m', 'benchmarks.distributed_round_time', *argv[1:],
+          sys.executable, '-m', 'benchmarks.distributed_round_time', *sys.argv[1:],
           f'--driver_setup={setup}'])
       status = child.wait()
       if status:
@@ -224,7 +228,7 @@ def _drive(addresses, credentials, network) -> None:
     # One export, read by every worker (they share this machine's files).
     client_data = worker_data.ClientDataDirectory(task)
     for n in counts:
-      for path in ('datasets', 'ids'):
+      for path in _PATHS.value:
         work = distributed_simulation.MergeableFedAvgClientWork(
             task, contexts[n], client_data if path == 'ids' else None)
         timers[n, path] = _TimedClientWork(work)
@@ -292,7 +296,7 @@ def _report(rows, counts, bandwidths, params, on_links: bool) -> None:
   print('  N  data      link        s/round  ratio  training   driver out MB  in MB'
         '   gRPC out MB  in MB')
   for n in counts:
-    for path in ('datasets', 'ids'):
+    for path in _PATHS.value:
       for mbit in bandwidths:
         r = rows[(n, path), mbit]
         out = _mean(r, 'egress' if on_links else 'grpc_sent') / 1e6
@@ -308,7 +312,7 @@ def _report(rows, counts, bandwidths, params, on_links: bool) -> None:
           '(driver link: T(N,∞) + (E+I)/B; per-worker links, the previous model: '
           'T(N,∞) + (E+I)/(N·B)):')
     for n in counts:
-      for path in ('datasets', 'ids'):
+      for path in _PATHS.value:
         free = rows[(n, path), None]
         for mbit in limited:
           r = rows[(n, path), mbit]
@@ -322,7 +326,7 @@ def _report(rows, counts, bandwidths, params, on_links: bool) -> None:
   one = min(counts)
   print('Projected s/round, one worker per machine: S + C/N + O + (E_N + I_N)/B '
         f'(O measured with {one} worker, unlimited link):')
-  for path in ('datasets', 'ids'):
+  for path in _PATHS.value:
     overhead = max(_median(rows[(one, path), None], 'seconds') - t_single, 0.0)
     for n in counts:
       r = rows[(n, path), None]
