@@ -105,7 +105,9 @@ class ClientDataDirectory:
       self.token = uuid.uuid4().hex
       _write(token_path, self.token.encode('ascii'))
       _write(manifest_path, json.dumps(manifest, sort_keys=True).encode('utf-8'))
-    self._exported = {name.split('.')[0] for name in os.listdir(self.directory)}
+    # A client counts as exported once its files are complete (see `_write`).
+    self._exported = {name.split('.')[0] for name in os.listdir(self.directory)
+                      if not name.endswith('.partial')}
     self._computation = None
 
   def _paths(self, client_id: str) -> list[str]:
