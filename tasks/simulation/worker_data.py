@@ -105,9 +105,7 @@ class ClientDataDirectory:
       self.token = uuid.uuid4().hex
       _write(token_path, self.token.encode('ascii'))
       _write(manifest_path, json.dumps(manifest, sort_keys=True).encode('utf-8'))
-    # A client counts as exported once its files are complete (see `_write`).
-    self._exported = {name.split('.')[0] for name in os.listdir(self.directory)
-                      if not name.endswith('.partial')}
+    self._exported = set()
     self._computation = None
 
   def _paths(self, client_id: str) -> list[str]:
@@ -118,7 +116,10 @@ class ClientDataDirectory:
   def export(self, client_ids: Sequence[str]) -> None:
     """Writes the clients of `client_ids` not exported yet."""
     for client_id in client_ids:
-      if file_key(client_id) in self._exported:
+      # Exported: by this object, or before (every leaf's file complete, `_write`).
+      if file_key(client_id) in self._exported or all(
+          os.path.exists(path) for path in self._paths(client_id)):
+        self._exported.add(file_key(client_id))
         continue
       examples = data_utils.batch_all(
           self._task.train_data.create_tf_dataset_for_client(client_id))
