@@ -8,7 +8,9 @@ checkpoints and metrics) whose client-side work runs on the workers of a
     (`MergeableFedAvgClientWork`), each worker training a contiguous shard of the
     round's clients. (TFF's own client work aggregates its metrics in the same
     computation; the mergeable context would then train every client twice, once
-    before the aggregation and once after it for the per-client updates.)
+    before the aggregation and once after it for the per-client updates.) The
+    workers build the clients' datasets by client id from an export of the task's
+    data (`tasks.simulation.worker_data`); the driver sends ids, not datasets.
 *   Aggregation: `tff_robust.passwise`, one single-aggregate computation per secure
     average, so RFA, one-step RFA, the γ-mean and secure centered clipping run like
     FedAvg and GMA.
