@@ -2,11 +2,11 @@ r"""Round time of RFA with the clients spread over 1, 2 and 4 TFF workers, again
 process; the driver's bytes per round; the cost model measured against.
 
 The paper's EMNIST model on the bundled digits, RFA (`--passes` R),
-`--clients_per_round` clients. One round is `tasks.simulation`'s round: local training, then the
-aggregation, then the server optimizer. Single process: `loop.Simulation` (TFF's own
+`--clients_per_round` clients. One round is `tasks.simulation`'s round: local
+training, then the aggregation, then the server optimizer. Single process: `loop.Simulation` (TFF's own
 local worker). N workers: `DistributedSimulation`, training as one aggregation-free
 computation split over the workers, then every RFA pass as one computation split
-over them (`tff_robust.passwise`), each of two ways:
+over them (`tff_robust.distributed.passwise`), each of two ways:
 
 *   `datasets`: the driver sends every client's dataset with every round (before
     issue 39);
@@ -66,7 +66,7 @@ from tasks.simulation import distributed as distributed_simulation
 from tasks.simulation import loop
 from tasks.simulation import worker_data
 from tff_robust import distributed
-from tff_robust import runtime
+from tff_robust.distributed import runtime
 
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 50, 'Clients per round.')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per configuration and limit.')

@@ -11,9 +11,9 @@ checkpoints and metrics) whose client-side work runs on the workers of a
     before the aggregation and once after it for the per-client updates.) The
     workers build the clients' datasets by client id from an export of the task's
     data (`tasks.simulation.worker_data`); the driver sends ids, not datasets.
-*   Aggregation: `tff_robust.passwise`, one single-aggregate computation per secure
-    average, so RFA, one-step RFA, the γ-mean and secure centered clipping run like
-    FedAvg and GMA.
+*   Aggregation: `tff_robust.distributed.passwise`, one single-aggregate computation
+    per secure average, so RFA, one-step RFA, the γ-mean and secure centered
+    clipping run like FedAvg and GMA.
 
 Server-only computations (the aggregator's `initialize`, the server optimizer) run in
 this process's own TFF context: they involve no client, and on the workers their
@@ -43,7 +43,7 @@ from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import loop
 from tasks.simulation import worker_data
 from tff_robust import distributed
-from tff_robust import passwise
+from tff_robust.distributed import passwise
 
 
 class WorkerRoundError(RuntimeError):
