@@ -151,7 +151,7 @@ def _run_network() -> None:
   total = sum(counts)
   work = tempfile.mkdtemp(prefix='tff_netns_bench_')
   credentials = os.path.join(work, 'creds')
-  subprocess.run([sys.executable, '-m', 'tff_robust.worker_credentials',
+  subprocess.run([sys.executable, '-m', 'tff_robust.distributed.worker_credentials',
                   f'--out={credentials}'], check=True, stdout=subprocess.DEVNULL)
   workers = []
   with link_emulation.Network(total, prefix=_PREFIX) as network:
