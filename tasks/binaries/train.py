@@ -92,6 +92,13 @@ flags.DEFINE_string('worker_credentials', None, 'Directory of the driver\'s TLS 
                     '`python -m tff_robust.distributed.worker_credentials --out=DIR`): mutual TLS '
                     'with workers started with that deployment\'s --tls_* files. '
                     'Without it every worker must be on this machine (127.0.0.1).')
+flags.DEFINE_string('worker_data_dir', None, 'With --workers: a directory, at the '
+                    'same path on every worker, of the task\'s training clients '
+                    '(tasks.simulation.worker_data; the driver exports the clients it '
+                    'samples into it, or reuses a complete export of the same task): '
+                    'workers read their clients\' data there and the driver sends '
+                    'client ids. Default: a temporary export when every worker is on '
+                    'this machine, else the driver sends the datasets.')
 flags.DEFINE_float('worker_connect_timeout',
                    distributed.DEFAULT_CONNECT_TIMEOUT_SECONDS, 'Seconds to wait at '
                    'start for each of --workers to accept connections before exiting '
@@ -155,7 +162,9 @@ def build_simulation(task, context=None) -> loop.Simulation:
       flag_groups.client_work_from_flags(task), context=context, attack=FLAGS.attack,
       attack_params=flag_groups.parse_named_args(FLAGS.attack_args, FLAGS.attack,
                                                  attacks.UPDATE_ATTACKS),
-      rho=FLAGS.rho, seed=FLAGS.seed, **flag_groups.simulation_kwargs_from_flags())
+      rho=FLAGS.rho, seed=FLAGS.seed,
+      **({'client_data_dir': FLAGS.worker_data_dir} if context is not None else {}),
+      **flag_groups.simulation_kwargs_from_flags())
 
 
 def check_settings() -> None:

@@ -182,10 +182,18 @@ class Task:
                data_attacks=dict(data_attacks or {}),
                provenance=dict(provenance or {}))
 
-  def preprocess(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """Shuffles, repeats `num_epochs` times, caps at `max_elements` and batches."""
+  def preprocess(self, dataset: tf.data.Dataset,
+                 shuffle_seeds: Optional[tuple[Any, Any]] = None) -> tf.data.Dataset:
+    """Shuffles, repeats `num_epochs` times, caps at `max_elements` and batches.
+
+    `shuffle_seeds`, a pair of int64 scalars (tensors too, e.g. inside a TFF
+    computation), are the shuffle's `(seed, seed2)`; default the ones TF derives from
+    the global seed, as `Dataset.shuffle` does (`shuffle_seeds` of that dataset).
+    """
     spec = self.client_spec
-    if spec.shuffle_buffer_size > 1:
+    if spec.shuffle_buffer_size > 1 and shuffle_seeds is not None:
+      dataset = _seeded_shuffle(dataset, spec.shuffle_buffer_size, *shuffle_seeds)
+    elif spec.shuffle_buffer_size > 1:
       # Unseeded on purpose: a client sees a fresh order (and, with max_elements, a
       # fresh subset) every round. tf.random.set_seed makes whole runs reproducible.
       dataset = dataset.shuffle(spec.shuffle_buffer_size)
@@ -219,6 +227,42 @@ class Task:
     """The element spec of batched client datasets (TFF's `input_spec`)."""
     return self.preprocess(self.train_data.create_tf_dataset_for_client(
         self.train_data.client_ids[0])).element_spec
+
+
+def _seeded_shuffle(dataset: tf.data.Dataset, buffer_size: int, seed,
+                    seed2) -> tf.data.Dataset:
+  """`dataset.shuffle(buffer_size)` with the op's two seeds given (tensors allowed):
+  the same op, arguments and order as the eager `Dataset.shuffle` whose `get_seed`
+  returned them (TF's public `shuffle(seed=...)` takes one seed, the op two)."""
+  variant = tf.raw_ops.ShuffleDatasetV3(
+      input_dataset=tf.data.experimental.to_variant(dataset),
+      buffer_size=tf.constant(buffer_size, tf.int64),
+      seed=tf.cast(seed, tf.int64), seed2=tf.cast(seed2, tf.int64),
+      seed_generator=tf.raw_ops.DummySeedGenerator(), reshuffle_each_iteration=True,
+      output_types=[s.dtype for s in tf.nest.flatten(dataset.element_spec)],
+      output_shapes=[s.shape for s in tf.nest.flatten(dataset.element_spec)])
+  return tf.data.experimental.from_variant(variant, dataset.element_spec)
+
+
+def shuffle_seeds(dataset: tf.data.Dataset) -> Optional[tuple[int, int]]:
+  """The `(seed, seed2)` of the one shuffle in `dataset`'s pipeline (as built in
+  Python by `Task.preprocess`), None if it has none.
+
+  Reads the Python dataset objects' own fields (TF has no public accessor): the
+  seeds TF drew from the global seed when the dataset was built.
+
+  Raises:
+    ValueError: if the pipeline shuffles more than once.
+  """
+  found = []
+  while dataset is not None:
+    if type(dataset).__name__ == '_ShuffleDataset':
+      # pylint: disable-next=protected-access
+      found.append((int(dataset._seed), int(dataset._seed2)))
+    dataset = getattr(dataset, '_input_dataset', None)
+  if len(found) > 1:
+    raise ValueError(f'The client dataset shuffles {len(found)} times; expected once.')
+  return found[0] if found else None
 
 
 def tff_model_fn(keras_model_fn: Callable[[], tf.keras.Model], element_spec,

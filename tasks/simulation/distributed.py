@@ -8,10 +8,12 @@ checkpoints and metrics) whose client-side work runs on the workers of a
     (`MergeableFedAvgClientWork`), each worker training a contiguous shard of the
     round's clients. (TFF's own client work aggregates its metrics in the same
     computation; the mergeable context would then train every client twice, once
-    before the aggregation and once after it for the per-client updates.)
-*   Aggregation: `tff_robust.distributed.passwise`, one single-aggregate computation per secure
-    average, so RFA, one-step RFA, the γ-mean and secure centered clipping run like
-    FedAvg and GMA.
+    before the aggregation and once after it for the per-client updates.) The
+    workers build the clients' datasets by client id from an export of the task's
+    data (`tasks.simulation.worker_data`); the driver sends ids, not datasets.
+*   Aggregation: `tff_robust.distributed.passwise`, one single-aggregate computation
+    per secure average, so RFA, one-step RFA, the γ-mean and secure centered
+    clipping run like FedAvg and GMA.
 
 Server-only computations (the aggregator's `initialize`, the server optimizer) run in
 this process's own TFF context: they involve no client, and on the workers their
@@ -24,6 +26,7 @@ the same command (after restarting the worker) resumes there.
 
 import collections
 import contextlib
+import ipaddress
 from typing import Optional
 
 import numpy as np
@@ -38,6 +41,7 @@ from tasks import registry
 from tasks.builders import task as task_lib
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import loop
+from tasks.simulation import worker_data
 from tff_robust import distributed
 from tff_robust.distributed import passwise
 
@@ -63,10 +67,18 @@ class MergeableFedAvgClientWork:
 
   The client step runs in `context` (the workers) when given, else in the current
   context; the finalization, server-side, in the current context.
+
+  With `client_data` (a `worker_data.ClientDataDirectory` of the task) the workers
+  build the clients' datasets themselves: the client step is composed behind its
+  `dataset_computation` (TFF's `compose_dataset_computation_with_computation`), so a
+  round sends every worker the model, and per client an id, a data-attack index and
+  two shuffle seeds, instead of the datasets. The batches are the same: the seeds
+  are those of the dataset the driver would have sent.
   """
 
   def __init__(self, task: task_lib.Task,
-               context: Optional[distributed.DistributedContext] = None):
+               context: Optional[distributed.DistributedContext] = None,
+               client_data: Optional[worker_data.ClientDataDirectory] = None):
     weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
     loop_implementation = tff.learning.LoopImplementation.DATASET_REDUCE
     optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
@@ -104,9 +116,15 @@ class MergeableFedAvgClientWork:
       return collections.OrderedDict(
           (name, finalizers[name](unfinalized[name])) for name in finalizers)
 
+    if client_data is not None:
+      client_step = tff.simulation.compose_dataset_computation_with_computation(
+          client_data.dataset_computation, client_step)
     self._client_step = client_step
     self._finalize_computation = finalize
     self._context = context
+    self._client_data = client_data
+    # Client id → the name of its data attack (None: clean); the simulation sets it.
+    self.data_attack_of = lambda client_id: None
 
   def initial_state(self) -> None:
     return None
@@ -115,6 +133,8 @@ class MergeableFedAvgClientWork:
     hparams = collections.OrderedDict(self._hparams)
     hparams['learning_rate'] = np.float32(learning_rate)
     datasets = [client_dataset(c) for c in client_ids]
+    if self._client_data is not None:
+      datasets = self._dataset_keys(client_ids, datasets)
     with (tff.framework.get_context_stack().install(self._context)
           if self._context is not None else contextlib.nullcontext()):
       updates, weights, unfinalized, positions = self._client_step(
@@ -134,6 +154,20 @@ class MergeableFedAvgClientWork:
             train_accuracy=float(metrics.get('sparse_categorical_accuracy',
                                              float('nan')))),
         state=state)
+
+  def _dataset_keys(self, client_ids, datasets):
+    """What the workers' dataset computation takes instead of `datasets`."""
+    self._client_data.export(client_ids)
+    keys = []
+    for client_id, dataset in zip(client_ids, datasets):
+      # The seeds TF drew for this dataset's shuffle (none: not shuffled).
+      seed, seed2 = task_lib.shuffle_seeds(dataset) or (0, 0)
+      keys.append(collections.OrderedDict(
+          client_id=client_id,
+          data_attack=np.int32(self._client_data.data_attack_index(
+              self.data_attack_of(client_id))),
+          seed=np.int64(seed), seed2=np.int64(seed2)))
+    return keys
 
   def _finalize(self, per_client):
     """Σ over clients (in client order, in the metrics' dtype), then finalize."""
@@ -202,6 +236,13 @@ class DistributedSimulation(loop.Simulation):
   the workers. Results equal `loop.Simulation`'s up to the order of floating-point
   sums across workers.
 
+  With the default client work the workers read their clients' data themselves
+  (`data_on_workers=True`): the task's training clients are exported, as they are
+  sampled, to `client_data_dir` (default a new temporary directory, which workers
+  on this machine read; workers on other machines need it at the same path, see
+  `worker_data`), and the driver sends client ids. `data_on_workers=False` sends
+  every client's dataset with every round (the path before issue 39).
+
   Raises (from `run_round`):
     WorkerRoundError: a worker failed or became unreachable during the round.
   """
@@ -209,18 +250,26 @@ class DistributedSimulation(loop.Simulation):
   def __init__(self, task: task_lib.Task,
                aggregator_factory: tff.aggregators.WeightedAggregationFactory,
                client_work: Optional[client_work_lib.ClientWork] = None, *,
-               context: distributed.DistributedContext, **kwargs):
+               context: distributed.DistributedContext, data_on_workers: bool = True,
+               client_data_dir: Optional[str] = None, **kwargs):
     if not isinstance(context, distributed.DistributedContext):
       raise TypeError('context must be a tff_robust.distributed.DistributedContext, '
                       f'got {type(context).__name__}.')
     if client_work is None or isinstance(client_work,
                                          client_work_lib.FedAvgClientWork):
-      client_work = MergeableFedAvgClientWork(task, context)
-    else:
+      client_data = (worker_data.ClientDataDirectory(task, client_data_dir)
+                     if data_on_workers else None)
+      client_work = MergeableFedAvgClientWork(task, context, client_data)
+    elif not isinstance(client_work, MergeableFedAvgClientWork):
       client_work = _ClientWorkOnWorkers(client_work, context)
     super().__init__(task, _PasswiseOnWorkers(aggregator_factory, context),
                      client_work, **kwargs)
+    if isinstance(client_work, MergeableFedAvgClientWork):
+      client_work.data_attack_of = self._data_attack_of
     self.context = context
+
+  def _data_attack_of(self, client_id: str) -> Optional[str]:
+    return self._data_attack if client_id in self.corrupted_clients else None
 
   def run_round(self, state, round_num: int):
     try:
@@ -233,9 +282,30 @@ def build_simulation(task: task_lib.Task,
                      aggregator_factory: tff.aggregators.WeightedAggregationFactory,
                      client_work: Optional[client_work_lib.ClientWork] = None, *,
                      context: Optional[distributed.DistributedContext] = None,
+                     client_data_dir: Optional[str] = None,
                      **kwargs) -> loop.Simulation:
-  """`loop.Simulation`, or `DistributedSimulation` on `context` when one is given."""
+  """`loop.Simulation`, or `DistributedSimulation` on `context` when one is given.
+
+  On workers, the workers read their clients' data from `client_data_dir` (an export
+  present at that path on every worker, see `worker_data`) when given; else from a
+  temporary export if every worker is on this machine; else (workers elsewhere, no
+  directory) the driver sends the datasets.
+  """
   if context is None:
+    if client_data_dir is not None:
+      raise ValueError('client_data_dir is where workers read client data: give a '
+                       'context of workers too.')
     return loop.Simulation(task, aggregator_factory, client_work, **kwargs)
+  data_on_workers = client_data_dir is not None or all(
+      _on_this_machine(address) for address in context.addresses)
   return DistributedSimulation(task, aggregator_factory, client_work, context=context,
-                               **kwargs)
+                               data_on_workers=data_on_workers,
+                               client_data_dir=client_data_dir, **kwargs)
+
+
+def _on_this_machine(address: str) -> bool:
+  host = address.rpartition(':')[0].strip('[]')
+  try:
+    return host == 'localhost' or ipaddress.ip_address(host).is_loopback
+  except ValueError:
+    return False

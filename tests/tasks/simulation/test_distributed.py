@@ -88,3 +88,25 @@ def test_the_context_must_be_distributed(task):
   with pytest.raises(TypeError, match='DistributedContext'):
     distributed_simulation.DistributedSimulation(
         task, registry.aggregator_from_name('mean'), context=object())
+
+
+@pytest.mark.parametrize('data_on_workers', [True, False])
+def test_workers_reading_clients_by_id_train_on_the_drivers_batches(data_on_workers,
+                                                                     context):
+  # Shuffled, capped, and a data attack: the workers must draw the driver's batches.
+  task = builders.build_task('emnist', 'linear', source='synthetic', num_clients=12,
+                             client_spec=builders.ClientSpec(2, 5, max_elements=20))
+  kwargs = dict(attack='data', rho=0.25, clients_per_round=6, seed=1)
+  factory = registry.aggregator_from_name('gm', num_communication_passes=2)
+  simulation = loop.Simulation(task, factory, **kwargs)
+  expected_state, expected = simulation.run_round(simulation.initial_state(), 2)
+  assert expected['num_corrupted_clients'] > 0
+  simulation = distributed_simulation.DistributedSimulation(
+      task, factory, context=context, data_on_workers=data_on_workers, **kwargs)
+  state, metrics = simulation.run_round(simulation.initial_state(), 2)
+
+  for got, want in zip(state['model']['trainable'],
+                       expected_state['model']['trainable']):
+    assert _close(got, want)
+  for key, want in expected.items():
+    assert _close(metrics[key], want), (key, metrics[key], want)
