@@ -18,9 +18,9 @@ Learning processes (drop-in for `tff.learning.algorithms.build_weighted_fed_avg`
 Runtime: `runtime.worker_binaries_stopped()` stops TFF's worker_binary processes
 when a program is done (importing the package has no side effects and imports nothing:
 every name loads its module on first use);
-`distributed` spreads clients over several worker_binary processes and `passwise`
-drives RFA, the γ-mean and secure centered clipping there one secure average per
-computation.
+`distributed` spreads clients over several worker_binary processes (the learning
+processes above run there as written, their aggregation one pass per computation) and
+`passwise` drives any aggregation process there one secure average per computation.
 """
 
 import importlib

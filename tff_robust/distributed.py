@@ -13,23 +13,28 @@ pieces:
       inside `tff.framework.ResourceManagingExecutorFactory`
     → `tff.framework.AsyncExecutionContext` (the native compiler; TF frontend
       argument and result transforms), one per worker
-    → `tff.backends.native.create_mergeable_comp_execution_context`, which splits the
-      CLIENTS-placed arguments of every call into one contiguous shard per worker,
-      runs the computation up to its aggregation on every worker in parallel, merges
-      the partial aggregates with the aggregation's own `merge`, and finishes.
+    → TFF's mergeable execution (`tff.backends.native.
+      create_mergeable_comp_execution_context`'s compiler and steps, run here):
+      the CLIENTS-placed arguments of every call split into one contiguous shard per
+      worker, the computation run up to its aggregation on every worker in parallel,
+      the partial aggregates merged with the aggregation's own `merge` in worker
+      order, the rest finished, per-client results returned in client order.
 
 Use:
 
+  process = tff_robust.build_robust_federated_aggregation_process(model_fn, opt)
   with tff_robust.distributed.LocalWorkers(2) as workers:        # or your own hosts
     with tff_robust.distributed.distributed_execution(workers.addresses):
       output = process.next(state, client_data)                  # unchanged code
 
-Limitation (TFF's, not ours): the mergeable context runs only computations whose
-aggregations do not depend on one another. FedAvg, GMA, the mean and one-step RFA with
-the paper's `nu=1e-6` and `report_objective=False` qualify as they are (the default
-relative ν sums a histogram before the mean); RFA, the γ-mean and secure
-centered clipping are sequences of dependent secure averages by nature: run them with
-`tff_robust.passwise`, which calls one single-aggregate computation per pass.
+TFF's mergeable form holds one round of aggregation: a computation whose aggregations
+depend on one another is refused ("Detected one aggregate dependent on another").
+RFA, the γ-mean and secure centered clipping are such chains of secure averages. The
+learning processes tff_robust builds register a pass-by-pass equivalent of their
+`next` (`tff_robust.learning`), which this context runs instead, so every one of them
+runs as written; FedAvg, GMA and one-step RFA with the paper's `nu=1e-6` and
+`report_objective=False` are mergeable as they are and run as one computation. An
+aggregation process of your own is driven pass by pass with `tff_robust.passwise`.
 
 Workers: `LocalWorkers` starts and stops workers on this machine (tests, demos, one big
 machine), reachable from this machine only. On several machines, make the deployment's
@@ -394,9 +399,13 @@ class DistributedContext(tff.framework.SyncContext):
 
   `invoke` compiles a computation to TFF's mergeable form and runs it with the
   CLIENTS-placed arguments split into `len(addresses)` contiguous shards, one per
-  worker, as `tff.backends.native.create_mergeable_comp_execution_context` does; a
-  computation whose aggregations depend on one another is refused by TFF ("Detected
-  one aggregate dependent on another"): drive it pass by pass (`tff_robust.passwise`).
+  worker, as `tff.backends.native.create_mergeable_comp_execution_context` does, but
+  with per-client results in client order and partial aggregates merged in worker
+  order (TFF's: in the order the workers finish). A computation whose aggregations
+  depend on one another is refused by TFF's compiler ("Detected one aggregate
+  dependent on another") unless it has a registered pass-by-pass equivalent
+  (`tff_robust.passwise.register_equivalent`; the `next` of every learning process
+  tff_robust builds), which then runs instead.
 
   A worker that cannot be reached for `unavailable_timeout` seconds makes `invoke`
   raise `WorkerError` naming it. `close()` frees this program's state on the workers

@@ -11,9 +11,15 @@ authenticated (mutual TLS) workers, and personalized RFA's aggregation.
 """
 
 import asyncio
+import importlib.util
+import os
 import re
+import signal
+import subprocess
+import sys
 
 import numpy as np
+import portpicker
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -30,11 +36,15 @@ from tff_robust import nonfinite
 from tff_robust import passwise
 from tff_robust import personalization
 from tff_robust import worker_credentials
+from tff_robust import worker_launcher
 
 # Starts worker processes and trains: not in the `pytest -m "not slow"` tier.
 pytestmark = pytest.mark.slow
 
 RELATIVE_TOLERANCE = 1e-6
+# Generous: a worker that hangs fails the test instead of the session; nothing here
+# waits a fixed time for something to happen.
+_HANG = 300
 INPUT_SPEC = (tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([None], tf.int32))
 
 
@@ -261,18 +271,52 @@ def deployment(tmp_path_factory):
   return directory
 
 
-def test_rfa_on_authenticated_workers_equals_one_process(deployment):
+@pytest.fixture
+def worker_image(tmp_path):
+  """What a worker's machine or container needs (docs/distributed.md, Deployment):
+  a Python without site-packages (`-S`) that finds only the TFF package's files (its
+  self-contained worker_binary; TFF is never imported) and tff_robust: no
+  TensorFlow, no numpy, no grpc, no cryptography."""
+  root = tmp_path / 'worker_image'
+  root.mkdir()
+  tff_package = os.path.dirname(importlib.util.find_spec('tensorflow_federated').origin)
+  os.symlink(tff_package, root / 'tensorflow_federated')
+  os.symlink(os.path.dirname(tff_robust.__file__), root / 'tff_robust')
+  return str(root)
+
+
+def test_rfa_on_authenticated_workers_equals_one_process(deployment, worker_image,
+                                                         tmp_path):
   process = PROCESSES['rfa'][0]()
   expected = _two_rounds(process)
-  with distributed.LocalWorkers(
-      2, credentials=worker_credentials.Credentials.worker(deployment)) as local:
-    with distributed.distributed_execution(local.addresses,
+  ports = [portpicker.pick_unused_port() for _ in range(2)]
+  logs = [str(tmp_path / f'worker_{port}.log') for port in ports]
+  launchers = []
+  try:
+    for port, log in zip(ports, logs):
+      with open(log, 'wb') as out:
+        launchers.append(worker_launcher.start_worker(
+            sys.executable, ['-S', '-m', 'tff_robust.distributed', f'--port={port}',
+                             '--listen_host=127.0.0.1',
+                             f'--tls_cert={deployment}/worker.pem',
+                             f'--tls_key={deployment}/worker.key',
+                             f'--tls_client_ca={deployment}/ca.pem'],
+            cwd=worker_image, env={'PATH': os.environ.get('PATH', '')},
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
+    for launcher, port in zip(launchers, ports):
+      worker_launcher.wait_until_listening(launcher, port, timeout=_HANG)
+    with distributed.distributed_execution([f'127.0.0.1:{p}' for p in ports],
                                            credentials=deployment) as context:
       got = _two_rounds(process)
       traffic = context.traffic()
-    logs = [open(local.log_path(i)).read() for i in range(2)]
+  finally:
+    for launcher in launchers:
+      launcher.send_signal(signal.SIGINT)
+    for launcher in launchers:
+      launcher.wait(_HANG)
   for log in logs:
-    assert 'accepted a driver from 127.0.0.1:' in log
+    with open(log) as f:
+      assert 'accepted a driver from 127.0.0.1:' in f.read()
   assert all(sent > 0 and received > 0 for sent, received in traffic.values())
   for want, output in zip(expected, got):
     assert_same(output.state, want.state)
