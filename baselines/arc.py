@@ -36,9 +36,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from baselines import gather
-from tff_robust import iterative_mean
-from tff_robust import numerics
-from tff_robust import unit_weights
+from tff_robust.iterative import iterative_mean
+from tff_robust.common import numerics
+from tff_robust.common import unit_weights
 
 THRESHOLD = 'clipping_threshold'
 NUM_CLIPPED = 'num_clipped'

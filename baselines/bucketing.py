@@ -18,7 +18,7 @@ import collections
 import tensorflow as tf
 
 from baselines import gather
-from tff_robust import arguments
+from tff_robust.common import arguments
 
 
 def bucket_order(num_clients, seed: int, round_num):

@@ -3,7 +3,7 @@ Robust Optimization", ICML 2021, Algorithm 2 / eq. (CC)).
 
 Gathers every client's update at the server (`baselines.gather`): NOT compatible with
 secure aggregation. (The iteration only needs weighted means of client-clipped
-differences: `tff_robust.centered_clipping.SecureCenteredClippingFactory` computes the
+differences: `tff_robust.aggregators.centered_clipping.SecureCenteredClippingFactory` computes the
 same result through an inner, e.g. secure, mean; this baseline follows the paper's
 server-side description.)
 """
@@ -13,8 +13,8 @@ import collections
 import tensorflow as tf
 
 from baselines import gather
-from tff_robust import centered_clipping as secure_centered_clipping
-from tff_robust import iterative_mean
+from tff_robust.aggregators import centered_clipping as secure_centered_clipping
+from tff_robust.iterative import iterative_mean
 
 INITIAL_POINTS = secure_centered_clipping.INITIAL_POINTS
 

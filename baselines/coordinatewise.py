@@ -9,7 +9,7 @@ import collections
 import tensorflow as tf
 
 from baselines import gather
-from tff_robust import arguments
+from tff_robust.common import arguments
 
 
 def _sorted_rows(values):

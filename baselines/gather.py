@@ -19,10 +19,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_robust import arguments
-from tff_robust import iterative_mean
-from tff_robust import numerics
-from tff_robust import unit_weights
+from tff_robust.common import arguments
+from tff_robust.iterative import iterative_mean
+from tff_robust.common import numerics
+from tff_robust.common import unit_weights
 
 
 leaf_types = iterative_mean.tensor_types

@@ -16,9 +16,9 @@ from typing import Optional
 import tensorflow as tf
 
 from baselines import gather
-from tff_robust import arguments
-from tff_robust import geometric_median
-from tff_robust import robust_scale
+from tff_robust.common import arguments
+from tff_robust.aggregators import geometric_median
+from tff_robust.aggregators import robust_scale
 
 INITIAL_POINTS = geometric_median.INITIAL_POINTS
 
@@ -44,7 +44,7 @@ def squared_distances_to(values, center, block: int = gather.COLUMN_BLOCK):
 def distances_to(values, center, block: int = gather.COLUMN_BLOCK):
   """‖x_i − v‖ (float64 `[n]`); rows whose squared distance overflows float64 (a
   float64 model with a client at 1e200) are measured scaled by their largest entry,
-  as `tff_robust.numerics.global_l2_distance` does on the clients."""
+  as `tff_robust.common.numerics.global_l2_distance` does on the clients."""
   squared = squared_distances_to(values, center, block)
 
   def rescaled():
@@ -138,7 +138,7 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
         `tolerance` without a ν raises (the original TFF RFA's `tolerance` is ν).
       initial_point: 'zero', 'mean' or 'previous'.
       relative_nu: ν relative to the clients' robust typical distance to each
-        pass's estimate (`tff_robust.robust_scale`); None and no `nu`: 0.2.
+        pass's estimate (`tff_robust.aggregators.robust_scale`); None and no `nu`: 0.2.
 
     Raises:
       TypeError: if R is not an integer, or ν or `tolerance` not a number.

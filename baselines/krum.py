@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from baselines import gather
-from tff_robust import arguments
+from tff_robust.common import arguments
 
 
 # Columns per block (float64 values in the block's temporaries): ≈ 2^18 values (2 MiB)

@@ -9,10 +9,10 @@ import tensorflow_federated as tff
 # our own: the public `clipping_factory` fixes the float32 clip function.
 from tensorflow_federated.python.aggregators import robust as tff_robust_aggregators
 
-from tff_robust import arguments
-from tff_robust import iterative_mean
-from tff_robust import numerics
-from tff_robust import unit_weights
+from tff_robust.common import arguments
+from tff_robust.iterative import iterative_mean
+from tff_robust.common import numerics
+from tff_robust.common import unit_weights
 
 # Updates are scaled down to this norm before TFF's clipping sees them: TFF computes the
 # norm in float32, which overflows to inf from ~1e19 on, and x / inf = 0 would drop the
@@ -125,7 +125,7 @@ def mean_factory(inner_mean_factory: Optional[
     tff.aggregators.WeightedAggregationFactory] = None
                  ) -> tff.aggregators.WeightedAggregationFactory:
   """The weighted mean (FedAvg's aggregator): `inner_mean_factory`, by default
-  `tff_robust.iterative_mean.Float64MeanFactory()` (products and sums in float64)."""
+  `tff_robust.iterative.iterative_mean.Float64MeanFactory()` (products and sums in float64)."""
   return iterative_mean.check_inner_mean_factory(inner_mean_factory)
 
 
@@ -150,7 +150,7 @@ def norm_clipping_factory(
       for adaptive clipping (e.g.
       `tff.aggregators.PrivateQuantileEstimationProcess.no_noise(...)`).
     inner_mean_factory: the weighted mean applied to the clipped updates; default
-      `tff_robust.iterative_mean.Float64MeanFactory()`.
+      `tff_robust.iterative.iterative_mean.Float64MeanFactory()`.
 
   Returns:
     A weighted factory with the clipping factory's measurements (`clipping`,

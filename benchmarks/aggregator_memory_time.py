@@ -60,7 +60,7 @@ from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import gathered
 from tasks.simulation import leaderboard
-from tff_robust import runtime
+from tff_robust.distributed import runtime
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients per aggregation.')
 _PARAMETERS = flags.DEFINE_integer('parameters', 6_400_000, 'float32 per update.')

@@ -6,7 +6,7 @@ clients. One round is `tasks.simulation` 's round: local training, then the
 aggregation, then the server optimizer. Single process: `loop.Simulation` (TFF's own
 local worker). N workers: `DistributedSimulation` on N `LocalWorkers` (127.0.0.1):
 training as one aggregation-free computation split over the workers, then every RFA
-pass as one computation split over them (`tff_robust.passwise`).
+pass as one computation split over them (`tff_robust.distributed.passwise`).
 
 Configurations are interleaved round by round (same clients, same load); the first
 round of each is discarded. Bytes are counted on the wire (serialized gRPC requests
@@ -32,7 +32,7 @@ from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import distributed as distributed_simulation
 from tasks.simulation import loop
 from tff_robust import distributed
-from tff_robust import runtime
+from tff_robust.distributed import runtime
 
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 50, 'Clients per round.')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per configuration.')

@@ -35,8 +35,8 @@ from benchmarks import gm_start_report
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import sweep
-from tff_robust import geometric_median
-from tff_robust import runtime
+from tff_robust.aggregators import geometric_median
+from tff_robust.distributed import runtime
 
 FLAGS = flags.FLAGS
 

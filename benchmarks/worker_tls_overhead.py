@@ -32,7 +32,7 @@ import sys
 
 if __name__ == '__main__':
   # Before TensorFlow starts threads: a user namespace needs a single thread.
-  from tff_robust import worker_network  # pylint: disable=g-import-not-at-top
+  from tff_robust.distributed import worker_network  # pylint: disable=g-import-not-at-top
   worker_network.enter_private_network()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -47,8 +47,8 @@ import portpicker
 import tensorflow_federated as tff
 
 from tff_robust import distributed
-from tff_robust import worker_credentials
-from tff_robust import worker_launcher
+from tff_robust.distributed import worker_credentials
+from tff_robust.distributed import worker_launcher
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 

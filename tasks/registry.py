@@ -17,8 +17,9 @@ factory as the first argument,
   from baselines.coordinatewise import CoordinateWiseMedianFactory
   from baselines.krum import KrumFactory
   from baselines.nnm import NearestNeighborMixingFactory
-  from tff_robust import GeometricMedianFactory, NonfiniteFilteringFactory
+  from tff_robust import GeometricMedianFactory
 
+  from tff_robust import NonfiniteFilteringFactory
   BucketingFactory(CoordinateWiseMedianFactory())               # 'bucketing+median'
   AdaptiveRobustClippingFactory(GeometricMedianFactory(),       # 'arc+gm'
                                 byzantine_fraction=0.25)
@@ -63,11 +64,11 @@ from baselines import geometric_median as gathered_geometric_median
 from baselines import krum
 from baselines import nnm
 from baselines import wrappers
-from tff_robust import centered_clipping as secure_centered_clipping
-from tff_robust import gamma_mean
-from tff_robust import geometric_median
-from tff_robust import gradient_masking
-from tff_robust import nonfinite
+from tff_robust.aggregators import centered_clipping as secure_centered_clipping
+from tff_robust.aggregators import gamma_mean
+from tff_robust.aggregators import geometric_median
+from tff_robust.aggregators import gradient_masking
+from tff_robust.aggregators import nonfinite
 
 Builder = Callable[..., tff.aggregators.WeightedAggregationFactory]
 

@@ -13,7 +13,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # pylint: disable=g-import-not-at-top
 
-from tff_robust import runtime  # pylint: disable=g-import-not-at-top
+from tff_robust.distributed import runtime  # pylint: disable=g-import-not-at-top
 
 
 def pytest_configure(config):

@@ -61,6 +61,31 @@ def test_layers_import_only_the_layers_below(layer):
   assert not wrong
 
 
+# tff_robust's sub-packages → the sub-packages they may import (docs/development.md).
+SUBPACKAGES = {
+    'common': {'common'},
+    'iterative': {'common', 'iterative'},
+    'aggregators': {'common', 'iterative', 'aggregators'},
+    'learning': {'common', 'iterative', 'aggregators', 'learning', 'distributed'},
+    'distributed': {'common', 'iterative', 'aggregators', 'distributed'},
+}
+
+
+def test_tff_robust_is_its_sub_packages_only():
+  top = sorted(p.name for p in (ROOT / 'tff_robust').iterdir()
+               if p.suffix == '.py' or (p / '__init__.py').exists())
+  assert top == ['__init__.py', *sorted(SUBPACKAGES)]
+
+
+@pytest.mark.parametrize('subpackage', sorted(SUBPACKAGES))
+def test_tff_robust_sub_packages_import_only_the_ones_below(subpackage):
+  wrong = [(_module(path), name)
+           for path in _ours(f'tff_robust/{subpackage}') for name in _imports(path)
+           if name.startswith('tff_robust.') and
+           name.split('.')[1] not in SUBPACKAGES[subpackage]]
+  assert not wrong
+
+
 def test_task_builders_and_aggregators_never_import_the_harness():
   harness = ('tasks.simulation', 'tasks.binaries')
   paths = _ours('tff_robust') + _ours('baselines') + _ours('tasks/builders')

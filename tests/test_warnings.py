@@ -6,7 +6,7 @@ import warnings
 import pytest
 
 
-@pytest.mark.parametrize('module', ['tff_robust.runtime', 'baselines.krum',
+@pytest.mark.parametrize('module', ['tff_robust.distributed.runtime', 'baselines.krum',
                                     'tasks.simulation.loop', 'benchmarks.round_time'])
 def test_a_deprecation_warning_of_the_project_is_an_error(module):
   with pytest.raises(DeprecationWarning):

@@ -15,37 +15,53 @@ Personalization (client side: Ditto, personalized RFA): PersonalizationClient.
 Learning processes (drop-in for `tff.learning.algorithms.build_weighted_fed_avg`):
   build_robust_federated_aggregation_process, build_one_step_robust_federated_aggregation_process,
   build_process_with_aggregator.
-Runtime: `runtime.worker_binaries_stopped()` stops TFF's worker_binary processes
-when a program is done (importing the package has no side effects and imports nothing:
-every name loads its module on first use);
-`distributed` spreads clients over several worker_binary processes (the learning
-processes above run there as written, their aggregation one pass per computation) and
-`passwise` drives any aggregation process there one secure average per computation.
+Sub-packages (importing the package imports nothing: every name loads its module on
+first use):
+  aggregators   the factories above and their building blocks
+  iterative     iterative secure aggregates: their steps, defined once, and the
+                inner mean every pass calls
+  learning      the learning processes and the personalization client
+  distributed   execution on TFF workers (`distributed_execution`, `LocalWorkers`,
+                secured workers; the learning processes run there as written, their
+                aggregation one pass per computation; `passwise`: any factory one
+                computation per pass, `runtime.worker_binaries_stopped()`)
+  common        argument and type checks, numerics, the weighted-and-unweighted base
+`tff_robust.passwise`, `tff_robust.runtime` and `tff_robust.original_rfa` still name
+their modules.
 """
 
 import importlib
-import importlib.util
 
 # Public name → the module that defines it. Nothing is imported here: every name (and
 # every submodule, e.g. `tff_robust.distributed`) is loaded on first use, so that
 # `import tff_robust` costs nothing and `python -m tff_robust.distributed --port=N` (a
 # worker) starts without TensorFlow and finds its own module not yet imported.
 _EXPORTS = {
-    'GeometricMedianFactory': 'geometric_median',
-    'one_step_geometric_median_factory': 'geometric_median',
-    'GammaMeanFactory': 'gamma_mean',
-    'GradientMaskedAveragingFactory': 'gradient_masking',
-    'SecureCenteredClippingFactory': 'centered_clipping',
-    'DifferentiallyPrivateWeightedMeanFactory': 'privacy',
-    'NonfiniteFilteringFactory': 'nonfinite',
-    'build_robust_federated_aggregation_process': 'learning',
-    'build_one_step_robust_federated_aggregation_process': 'learning',
-    'build_process_with_aggregator': 'learning',
-    'PersonalizationClient': 'personalization',
-    'unweighted': 'unit_weights',
+    'GeometricMedianFactory': 'aggregators.geometric_median',
+    'one_step_geometric_median_factory': 'aggregators.geometric_median',
+    'GammaMeanFactory': 'aggregators.gamma_mean',
+    'GradientMaskedAveragingFactory': 'aggregators.gradient_masking',
+    'SecureCenteredClippingFactory': 'aggregators.centered_clipping',
+    'DifferentiallyPrivateWeightedMeanFactory': 'aggregators.privacy',
+    'NonfiniteFilteringFactory': 'aggregators.nonfinite',
+    'build_robust_federated_aggregation_process': 'learning.processes',
+    'build_one_step_robust_federated_aggregation_process': 'learning.processes',
+    'build_process_with_aggregator': 'learning.processes',
+    'PersonalizationClient': 'learning.personalization',
+    'unweighted': 'common.unit_weights',
 }
-_SUBMODULES = ('distributed', 'original_rfa', 'passwise', 'runtime')
-__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+# The sub-packages, and the modules that were top-level before them (same objects).
+_SUBMODULES = {
+    'aggregators': 'aggregators',
+    'common': 'common',
+    'distributed': 'distributed',
+    'iterative': 'iterative',
+    'learning': 'learning',
+    'original_rfa': 'aggregators.original_rfa',
+    'passwise': 'distributed.passwise',
+    'runtime': 'distributed.runtime',
+}
+__all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 
 
 def __getattr__(name):
@@ -53,9 +69,8 @@ def __getattr__(name):
     value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
     globals()[name] = value
     return value
-  # Any submodule, as when the package imported them all.
-  if not name.startswith('_') and importlib.util.find_spec(f'{__name__}.{name}'):
-    return importlib.import_module(f'{__name__}.{name}')
+  if name in _SUBMODULES:
+    return importlib.import_module(f'{__name__}.{_SUBMODULES[name]}')
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 

@@ -35,7 +35,7 @@ from tasks.builders import task as task_lib
 from tasks.simulation import experiment
 from tasks.simulation import ledger
 from tasks.simulation import run_lock
-from tff_robust import runtime
+from tff_robust.distributed import runtime
 
 FLAGS_OR_OTHER_RUN = 1
 BAD_FILE = 2

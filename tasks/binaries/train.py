@@ -89,7 +89,7 @@ flags.DEFINE_list('workers', [], 'host:port of TFF worker_binary processes to sp
                   'machines"); workers on other machines need --worker_credentials.')
 flags.DEFINE_string('worker_credentials', None, 'Directory of the driver\'s TLS '
                     'credentials for --workers (ca.pem, driver.pem, driver.key, made by '
-                    '`python -m tff_robust.worker_credentials --out=DIR`): mutual TLS '
+                    '`python -m tff_robust.distributed.worker_credentials --out=DIR`): mutual TLS '
                     'with workers started with that deployment\'s --tls_* files. '
                     'Without it every worker must be on this machine (127.0.0.1).')
 flags.DEFINE_float('worker_connect_timeout',

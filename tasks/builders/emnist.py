@@ -28,7 +28,7 @@ from tasks.builders import builder_utils
 from tasks.builders import data_utils
 from tasks.builders import models
 from tasks.builders import task as task_lib
-from tff_robust import arguments
+from tff_robust.common import arguments
 
 MODELS = ('linear', 'cnn', 'small_cnn')
 _MODEL_BUILDERS = {'linear': 'emnist_linear', 'cnn': 'emnist_cnn',

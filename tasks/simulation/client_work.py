@@ -36,8 +36,8 @@ import tensorflow_federated as tff
 from tasks.builders import data_utils
 from tasks.builders import task as task_lib
 from tasks.simulation import evaluation
-from tff_robust import arguments
-from tff_robust import personalization
+from tff_robust.common import arguments
+from tff_robust.learning import personalization
 
 Metrics = collections.OrderedDict
 ClientDatasetFn = Callable[[str], tf.data.Dataset]

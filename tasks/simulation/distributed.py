@@ -9,7 +9,7 @@ checkpoints and metrics) whose client-side work runs on the workers of a
     round's clients. (TFF's own client work aggregates its metrics in the same
     computation; the mergeable context would then train every client twice, once
     before the aggregation and once after it for the per-client updates.)
-*   Aggregation: `tff_robust.passwise`, one single-aggregate computation per secure
+*   Aggregation: `tff_robust.distributed.passwise`, one single-aggregate computation per secure
     average, so RFA, one-step RFA, the γ-mean and secure centered clipping run like
     FedAvg and GMA.
 
@@ -39,7 +39,7 @@ from tasks.builders import task as task_lib
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import loop
 from tff_robust import distributed
-from tff_robust import passwise
+from tff_robust.distributed import passwise
 
 
 class WorkerRoundError(RuntimeError):

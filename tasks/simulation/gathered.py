@@ -29,7 +29,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from baselines import gather
-from tff_robust import nonfinite
+from tff_robust.aggregators import nonfinite
 
 # TensorFlow's `Allocator::kAllocatorAlignment`: a buffer it takes without a copy.
 _ALIGNMENT = 64

@@ -16,9 +16,9 @@ from tasks import registry
 from tests.baselines import test_baselines as references
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import least_squares as ls
-from tests.tff_robust import test_privacy as privacy
+from tests.tff_robust.aggregators import test_privacy as privacy
 import tff_robust
-from tff_robust import iterative_mean
+from tff_robust.iterative import iterative_mean
 
 
 def np_arc(x, f):

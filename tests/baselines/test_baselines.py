@@ -12,7 +12,7 @@ from baselines import krum
 from baselines import wrappers
 from tasks import references
 from tests.helpers import aggregator_cases as cases
-from tff_robust.nonfinite import NonfiniteFilteringFactory
+from tff_robust.aggregators.nonfinite import NonfiniteFilteringFactory
 
 TOLERANCE = 1e-5
 

@@ -15,7 +15,7 @@ from tests.baselines import test_baselines as references
 from tests.baselines import test_geometric_median as gm_references
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import least_squares as ls
-from tff_robust import geometric_median
+from tff_robust.aggregators import geometric_median
 
 SEED = 7
 

@@ -1,6 +1,6 @@
 """Plain-numpy float64 references of the geometric median: the exact one, and the
 default smoothed Weiszfeld of `tff_robust.GeometricMedianFactory` (ν relative to the
-robust typical distance of `tff_robust.robust_scale`), written from their
+robust typical distance of `tff_robust.aggregators.robust_scale`), written from their
 definitions, independently of the factories' code."""
 
 import numpy as np
@@ -20,7 +20,7 @@ def exact_geometric_median(points, alphas):
 
 
 def robust_typical_distance(distances, alphas, float64=False):
-  """The scale of `tff_robust.robust_scale`, written from its definition: the
+  """The scale of `tff_robust.aggregators.robust_scale`, written from its definition: the
   α-weighted geometric mean of the positive finite distances whose ⌊log2⌋ is within
   4 of the ⌊log2⌋ of the α-weighted lower tercile (the smallest distance with at
   least a third of the weight at or below it; buckets clamped to [−160, 159], or

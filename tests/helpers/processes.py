@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tff_robust import runtime
+from tff_robust.distributed import runtime
 
 
 def quiet_env() -> dict[str, str]:

@@ -11,7 +11,7 @@ So the comparison allows 2^-126 per coordinate on top (which only matters for th
 clients at 1e-40: there the result must be finite and ~0, never NaN from 0/0). The
 weights are example counts (10 to 200), so the plain weighted sum Σ α_i x_i of a client
 at 3e38 exceeds the float32 range although the mean does not: aggregators accumulate
-means in float64 (`tff_robust.iterative_mean.Float64MeanFactory`).
+means in float64 (`tff_robust.iterative.iterative_mean.Float64MeanFactory`).
 """
 
 import collections
@@ -28,8 +28,8 @@ from tasks import registry
 from tests.baselines import test_baselines as references
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import gm_reference
-from tests.tff_robust import gamma_mean_reference as gamma_reference
-from tests.tff_robust import test_gradient_masking as gma_references
+from tests.tff_robust.aggregators import gamma_mean_reference as gamma_reference
+from tests.tff_robust.aggregators import test_gradient_masking as gma_references
 import tff_robust
 
 NUM_CLIENTS = 20

@@ -26,9 +26,9 @@ import tensorflow_federated as tff
 from baselines import arc
 from tasks import registry
 import tff_robust
-from tff_robust import iterative_mean
-from tff_robust import original_rfa
-from tff_robust import unit_weights
+from tff_robust.iterative import iterative_mean
+from tff_robust.aggregators import original_rfa
+from tff_robust.common import unit_weights
 
 NUM_CLIENTS = 8  # Krum's default f = floor(0.25 n) = 2 needs n > 6.
 

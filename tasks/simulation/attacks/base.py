@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_robust import arguments
+from tff_robust.common import arguments
 
 NO_ATTACK = 'none'
 # Attack name → class, in registration order: the order of `known_attacks`, of the
@@ -157,7 +157,7 @@ def unit_directions(rows: np.ndarray) -> np.ndarray:
 
 # ---- the attacks' parameter checks ------------------------------------------------
 # TypeError for a parameter of the wrong type, ValueError out of range, as the
-# aggregators' arguments (`tff_robust.arguments`); the message names the parameter.
+# aggregators' arguments (`tff_robust.common.arguments`); the message names the parameter.
 
 
 def choice(name: str, value, known: Sequence[str]) -> str:

@@ -1,0 +1,190 @@
+"""tff_robust.distributed.runtime: importing the package changes nothing; the explicit
+`worker_binaries_stopped()` leaves no TFF worker_binary behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.helpers import processes
+
+# Starts subprocesses (programs that import TensorFlow): not in the
+# `pytest -m "not slow"` tier.
+pytestmark = pytest.mark.slow
+
+RUN_A_COMPUTATION = textwrap.dedent('''
+    import numpy as np
+    import tensorflow_federated as tff
+    import tff_robust
+    from tff_robust.distributed import runtime
+
+    def compute():
+      process = tff_robust.GeometricMedianFactory().create(
+          tff.TensorType(np.float32, [2]), tff.TensorType(np.float32))
+      process.next(process.initialize(), [np.ones(2, np.float32)], [1.0])
+      print('WORKERS', *runtime.worker_binaries(), flush=True)
+''')
+
+
+def _python(program, **kwargs):
+  return subprocess.run([sys.executable, '-c', program], capture_output=True, text=True,
+                        timeout=120, env=processes.quiet_env(), **kwargs)
+
+
+def test_import_leaves_signal_handlers_and_exit_hooks_alone():
+  result = _python(textwrap.dedent('''
+      import atexit, signal
+      def mine(signum, frame): pass
+      signal.signal(signal.SIGTERM, mine)
+      import tensorflow_federated  # Registers exit hooks of its own.
+      before = atexit._ncallbacks()
+      import tff_robust
+      print(signal.getsignal(signal.SIGTERM) is mine, atexit._ncallbacks() == before)
+  '''), check=True)
+  assert result.stdout.split()[-2:] == ['True', 'True'], result.stderr
+
+
+def test_default_sigterm_handler_stays_default_after_import():
+  result = _python('import signal, tff_robust\n'
+                   'print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)',
+                   check=True)
+  assert result.stdout.split()[-1] == 'True', result.stderr
+
+
+def test_the_worker_module_is_not_imported_before_it_runs_as_main():
+  # `python -m tff_robust.distributed` imports the package first; were the package to
+  # import the module too, runpy would warn that it runs a module already loaded.
+  result = subprocess.run(
+      [sys.executable, '-W', 'default', '-m', 'tff_robust.distributed', '--help'],
+      capture_output=True, text=True, timeout=120,
+      env=dict(processes.quiet_env(), PYTHONWARNINGS='default'))
+  assert '--helpfull' in result.stdout  # The worker_binary's own help: it ran.
+  assert 'RuntimeWarning' not in result.stderr, result.stderr
+
+
+def test_lazily_loaded_modules_are_package_attributes():
+  result = _python('import tff_robust\n'
+                   'print(tff_robust.distributed.LocalWorkers.__module__,\n'
+                   '      tff_robust.passwise.PasswiseFactory.__module__)', check=True)
+  assert result.stdout.split()[-2:] == ['tff_robust.distributed.execution',
+                                        'tff_robust.distributed.passwise']
+  listed = _python('import tff_robust; print(set(dir(tff_robust)) >= '
+                   '{"distributed", "passwise", "GeometricMedianFactory"})', check=True)
+  assert listed.stdout.split()[-1] == 'True', listed.stderr
+
+
+def test_workers_stop_when_the_block_ends():
+  # Through a pipe, as in `python x.py | tail`: an orphaned worker would hold it open
+  # and run() would only return at the timeout.
+  result = _python(RUN_A_COMPUTATION + textwrap.dedent('''
+      import signal
+      with runtime.worker_binaries_stopped():
+        compute()
+      print('HANDLER_RESTORED', signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+  '''), check=True)
+  workers = processes.reported_workers(result.stdout)
+  assert workers, 'the computation should have started a worker_binary'
+  assert not processes.running(workers)
+  assert 'HANDLER_RESTORED True' in result.stdout
+  assert 'Exception ignored' not in result.stderr, result.stderr
+
+
+def test_workers_stop_when_the_program_is_terminated_inside_the_block():
+  program = RUN_A_COMPUTATION + textwrap.dedent('''
+      import time
+      with runtime.worker_binaries_stopped():
+        compute()
+        time.sleep(600)
+  ''')
+  child = subprocess.Popen([sys.executable, '-c', program], stdout=subprocess.PIPE,
+                           text=True, env=processes.quiet_env())
+  try:
+    line = ''
+    while not line.startswith('WORKERS'):
+      line = child.stdout.readline()
+      assert line, 'the child ended before reporting its workers'
+    workers = processes.reported_workers(line)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == 128 + signal.SIGTERM
+  finally:
+    if child.poll() is None:
+      child.kill()
+  assert workers
+  assert not processes.running(workers)
+
+
+def _start_and_report_workers(program):
+  child = subprocess.Popen([sys.executable, '-c', program], stdout=subprocess.PIPE,
+                           text=True, env=processes.quiet_env())
+  line = ''
+  while not line.startswith('WORKERS'):
+    line = child.stdout.readline()
+    assert line, 'the child ended before reporting its workers'
+  return child, processes.reported_workers(line)
+
+
+def _wait_until_stopped(pids, timeout=20.0):
+  deadline = time.monotonic() + timeout
+  while processes.running(pids) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return processes.running(pids)
+
+
+def test_workers_stop_when_the_program_is_killed_inside_the_block():
+  child, workers = _start_and_report_workers(RUN_A_COMPUTATION + textwrap.dedent('''
+      import time
+      with runtime.worker_binaries_stopped(even_when_killed=True):
+        compute()
+        time.sleep(600)
+  '''))
+  try:
+    assert workers
+    child.kill()  # SIGKILL: the program itself runs no code any more.
+    child.wait(timeout=60)
+    assert not _wait_until_stopped(workers)
+  finally:
+    for pid in processes.running(workers):  # Only if the guardian failed.
+      os.kill(pid, signal.SIGKILL)
+    if child.poll() is None:
+      child.kill()
+
+
+def test_the_guardian_ends_with_the_block_and_leaves_the_environment_as_found():
+  result = _python(RUN_A_COMPUTATION + textwrap.dedent('''
+      import os
+      from tff_robust.distributed import worker_guardian
+
+      def command_line(pid):
+        try:
+          with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return f.read()
+        except OSError:  # Ended meanwhile.
+          return b''
+
+      import time
+
+      with runtime.worker_binaries_stopped(even_when_killed=True):
+        token = os.environ[worker_guardian.ENVIRONMENT_VARIABLE].encode()
+        # The guardian may not have exec'd yet on a busy machine: its command line is
+        # still this program's until then.
+        deadline = time.monotonic() + 60
+        guardians = []
+        while not guardians and time.monotonic() < deadline:
+          guardians = [int(p) for p in os.listdir('/proc') if p.isdigit()
+                       and worker_guardian.__file__.encode() in command_line(p)
+                       and token in command_line(p)]
+          time.sleep(0.05)
+        compute()
+      print('GUARDIANS', *guardians)
+      print('ENVIRONMENT', worker_guardian.ENVIRONMENT_VARIABLE in os.environ)
+  '''), check=True)
+  guardians = [int(p) for p in next(
+      l for l in result.stdout.splitlines() if l.startswith('GUARDIANS')).split()[1:]]
+  assert len(guardians) == 1, result.stdout
+  assert not processes.running(guardians)
+  assert not processes.running(processes.reported_workers(result.stdout))
+  assert 'ENVIRONMENT False' in result.stdout

@@ -1,0 +1,11 @@
+"""The secure-compatible aggregation factories and their building blocks.
+
+  geometric_median    GeometricMedianFactory, one_step_geometric_median_factory (RFA)
+  gamma_mean          GammaMeanFactory (γ-mean)
+  gradient_masking    GradientMaskedAveragingFactory (GMA)
+  centered_clipping   SecureCenteredClippingFactory
+  privacy             DifferentiallyPrivateWeightedMeanFactory (a DP inner mean)
+  nonfinite           NonfiniteFilteringFactory (drops NaN/Inf clients)
+  original_rfa        the original TFF RFA's entry points, with their meaning
+  robust_scale        the round's scale behind the relative ν and γ
+"""

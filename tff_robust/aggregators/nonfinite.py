@@ -1,0 +1,124 @@
+"""Dropping non-finite client updates in front of any aggregator: one wrapper, in the
+spirit of TFF's `zeroing_factory`, instead of a check inside every factory.
+
+A robust aggregator is only as robust as its arithmetic: one NaN or infinity from a
+faulty or malicious client turns a weighted mean, a Weiszfeld pass or a sort into NaN.
+TFF's own client work already zeroes a non-finite model delta, but a client that does
+not run TFF's code can send anything; the wrapper runs on the clients' side of every
+aggregator and needs nothing but a sum of 0/1 flags, so it keeps a secure aggregator
+secure.
+"""
+
+import collections
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_robust.iterative import iterative_mean
+from tff_robust.common import numerics
+from tff_robust.common import unit_weights
+
+MEASUREMENT = 'num_nonfinite_clients'
+
+
+class NonfiniteFilteringFactory(unit_weights.WeightedOrUnweightedFactory):
+  """Gives weight 0 and a zero update to every client whose update or weight holds a
+  NaN or an infinity, counts them, and aggregates with `inner` (weights as float32).
+
+  The created process's `next` has type signature
+  `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, result=value@SERVER,
+  measurements@SERVER>)`, with the inner process's state and result. Its measurements
+  are the inner process's named measurements (kept flat, so names do not change when
+  the wrapper is added) plus
+  *   `num_nonfinite_clients`: clients given weight 0 for a non-finite update or
+      weight;
+  an inner process whose measurements are not a named structure has them under
+  `inner`.
+
+  The inner aggregator sees only finite values; a client it receives with weight 0 and
+  a zero update is one it should ignore (the gathering baselines leave such rows out).
+  """
+
+  def __init__(self, inner: tff.aggregators.WeightedAggregationFactory):
+    if not isinstance(inner, tff.aggregators.WeightedAggregationFactory):
+      raise TypeError('NonfiniteFilteringFactory wraps a tff.aggregators.'
+                      f'WeightedAggregationFactory, got {type(inner).__name__}.')
+    self._inner = inner
+
+  @property
+  def inner(self) -> tff.aggregators.WeightedAggregationFactory:
+    return self._inner
+
+  @property
+  def secure_compatible(self) -> bool:
+    """As the inner factory declares: the wrapper adds only a sum of client flags."""
+    return bool(getattr(self._inner, 'secure_compatible', False))
+
+  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    iterative_mean.check_float_structure(value_type)
+    inner = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
+    filter_clients = client_filter(value_type, weight_type)
+
+    @tff.federated_computation()
+    def init_fn():
+      return inner.initialize()
+
+    @tff.federated_computation(
+        init_fn.type_signature.result,
+        tff.FederatedType(value_type, tff.CLIENTS),
+        tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      value, weight, num_dropped = filter_clients(value, weight)
+      output = inner.next(state, value, weight)
+      return tff.templates.MeasuredProcessOutput(
+          state=output.state, result=output.result,
+          measurements=tff.federated_zip(with_count(output.measurements, num_dropped)))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def client_filter(value_type, weight_type):
+  """The filter as a federated step, to call inside a `tff.federated_computation`:
+  `(value, weight) at CLIENTS → (value, float32 weight) at CLIENTS, num_dropped (int32)
+  at SERVER`, non-finite clients with weight 0 and a zero update."""
+
+  @tff.tensorflow.computation(value_type, weight_type)
+  def finite_weight(client_value, client_weight):
+    return numerics.weight_if_finite(client_value, client_weight)
+
+  @tff.tensorflow.computation(value_type, tf.int32)
+  def finite_value(client_value, dropped):
+    return numerics.zeros_if_dropped(client_value, dropped)
+
+  def filter_clients(value, weight):
+    # The finiteness scan runs once, in `finite_weight`; `finite_value` only reads its
+    # verdict. Two maps rather than one returning a struct: selecting the value out of
+    # a struct at CLIENTS would copy every client's update once more.
+    weight_and_dropped = tff.federated_map(finite_weight, (value, weight))
+    dropped = weight_and_dropped[1]
+    return (tff.federated_map(finite_value, (value, dropped)), weight_and_dropped[0],
+            tff.federated_sum(dropped))
+
+  return filter_clients
+
+
+def with_count(measurements, num_dropped) -> collections.OrderedDict:
+  """The inner measurements (a SERVER-placed structure) kept flat, plus
+  `num_nonfinite_clients`."""
+  fields = _named_fields(measurements)
+  if MEASUREMENT in fields:
+    raise ValueError(f'The inner aggregator already reports {MEASUREMENT!r}.')
+  fields[MEASUREMENT] = num_dropped
+  return fields
+
+
+def _named_fields(measurements) -> collections.OrderedDict:
+  """The fields of a SERVER-placed named structure, or the whole value as `inner`."""
+  member = measurements.type_signature.member
+  if isinstance(member, tff.StructType):
+    names = [name for name, _ in tff.structure.iter_elements(member)]
+    if names and all(names):
+      return collections.OrderedDict((name, measurements[name]) for name in names)
+    if not names:
+      return collections.OrderedDict()
+  return collections.OrderedDict(inner=measurements)

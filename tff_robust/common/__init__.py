@@ -1,0 +1,7 @@
+"""Checks and numerics every part of tff_robust shares.
+
+  arguments           validation of factory arguments, with errors naming the fix
+  type_checks         checks of value and weight types
+  numerics            norms and finiteness over structures
+  unit_weights        the weighted-and-unweighted base of every factory; `unweighted()`
+"""

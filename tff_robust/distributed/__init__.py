@@ -1,0 +1,53 @@
+"""Execution on TFF workers: the distributed context, workers and their security.
+
+  passwise            `PasswiseFactory`: any factory one computation per pass (the
+                      mergeable context runs one aggregation per computation);
+                      `register_equivalent`: a computation's pass-by-pass form,
+                      which `DistributedContext` runs in its place
+  execution           `distributed_execution`, `DistributedContext`, `LocalWorkers`,
+                      `WorkerError` (also importable from this package)
+  worker_launcher     `python -m tff_robust.distributed --port=N`: one worker_binary,
+                      started without TensorFlow
+  worker_network      the worker's private network namespace and its TLS forwarder
+  worker_credentials  the deployment's certificates (`--out=DIR`)
+  runtime             `worker_binaries_stopped()`: no worker_binary outlives a program
+  worker_guardian     the watcher that stops a dead program's worker_binaries
+
+Importing the package imports nothing: a worker (`python -m tff_robust.distributed`)
+starts without TensorFlow (13-50 s, ~600 MB); every name loads its module on first use.
+"""
+
+import importlib
+import importlib.util
+
+_EXECUTION_NAMES = (
+    'Credentials',
+    'DEFAULT_CONNECT_TIMEOUT_SECONDS',
+    'DEFAULT_MAX_MESSAGE_BYTES',
+    'DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS',
+    'DistributedContext',
+    'LocalWorkers',
+    'WorkerError',
+    'as_driver_credentials',
+    'check_credentials_needed',
+    'distributed_execution',
+    'make_channel',
+    'parse_addresses',
+    'wait_until_ready',
+    'worker_binary_path',
+)
+__all__ = list(_EXECUTION_NAMES)
+
+
+def __getattr__(name):
+  if name in _EXECUTION_NAMES:
+    value = getattr(importlib.import_module(f'{__name__}.execution'), name)
+    globals()[name] = value
+    return value
+  if not name.startswith('_') and importlib.util.find_spec(f'{__name__}.{name}'):
+    return importlib.import_module(f'{__name__}.{name}')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,821 @@
+"""Runs TFF computations with their clients spread over several `worker_binary`s.
+
+TFF 0.87's distributed engine is its C++ `worker_binary` (a gRPC executor service,
+shipped inside the TFF package at `tensorflow_federated/data/worker_binary`) driven by
+Python remote executors. It has no ready-made builder for a context that talks to
+workers you started yourself; this module builds one from public `tff.framework`
+pieces:
+
+  grpc channel (max message sizes raised: model-sized values)
+    → `tff.framework.RemoteExecutorGrpcStub` (here wrapped to fail fast, naming the
+      worker, instead of TFF's endless retry while a worker is down)
+    → `tff.framework.RemoteExecutor` (one per cardinality, CLIENTS 0 when absent)
+      inside `tff.framework.ResourceManagingExecutorFactory`
+    → `tff.framework.AsyncExecutionContext` (the native compiler; TF frontend
+      argument and result transforms), one per worker
+    → TFF's mergeable execution (`tff.backends.native.
+      create_mergeable_comp_execution_context`'s compiler and steps, run here):
+      the CLIENTS-placed arguments of every call split into one contiguous shard per
+      worker, the computation run up to its aggregation on every worker in parallel,
+      the partial aggregates merged with the aggregation's own `merge` in worker
+      order, the rest finished, per-client results returned in client order.
+
+Use:
+
+  process = tff_robust.build_robust_federated_aggregation_process(model_fn, opt)
+  with tff_robust.distributed.LocalWorkers(2) as workers:        # or your own hosts
+    with tff_robust.distributed.distributed_execution(workers.addresses):
+      output = process.next(state, client_data)                  # unchanged code
+
+TFF's mergeable form holds one round of aggregation: a computation whose aggregations
+depend on one another is refused ("Detected one aggregate dependent on another").
+RFA, the γ-mean and secure centered clipping are such chains of secure averages. The
+learning processes tff_robust builds register a pass-by-pass equivalent of their
+`next` (`tff_robust.learning.processes`), which this context runs instead, so every
+one of them runs as written; FedAvg, GMA and one-step RFA with the paper's `nu=1e-6`
+and `report_objective=False` are mergeable as they are and run as one computation.
+An aggregation process of your own is driven pass by pass with
+`tff_robust.distributed.passwise`.
+
+Workers: `LocalWorkers` starts and stops workers on this machine (tests, demos, one big
+machine), reachable from this machine only. On several machines, make the deployment's
+TLS credentials once (`python -m tff_robust.distributed.worker_credentials --out=DIR`), start one
+worker per machine (`python -m tff_robust.distributed --port=8000 --tls_cert=worker.pem
+--tls_key=worker.key --tls_client_ca=ca.pem`) and pass their `host:port`s with
+`credentials=DIR` (the driver's files). That command runs `tff_robust.distributed.worker_launcher`
+without importing TensorFlow: the worker_binary runs in a private network namespace
+behind a forwarder that accepts only drivers with the deployment's client certificate
+(mutual TLS); without credentials a worker accepts connections from this machine
+only, and a driver without credentials dials only workers on this machine. It refuses
+a port already in use, prints one `listening on HOST:PORT ...` line once the port
+accepts connections, and exits non-zero if the worker cannot start.
+"""
+
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional, Sequence
+
+import grpc
+import portpicker
+import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import executor_pb2_grpc
+# The compiler and TF-frontend transforms TFF's own local C++ context is built with;
+# TFF 0.87 exports no public name for them.
+from tensorflow_federated.python.core.backends.native import compiler as native_compiler
+from tensorflow_federated.python.core.environments.tensorflow_frontend import (
+    tensorflow_computation)
+# The pieces of TFF's mergeable context (splitting arguments into shards, its compiler,
+# re-assembling results), run here in client order (see `DistributedContext.invoke`).
+from tensorflow_federated.python.common_libs import async_utils
+from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
+from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline
+from tensorflow_federated.python.core.impl.execution_contexts import (
+    mergeable_comp_execution_context as mergeable)
+from tensorflow_federated.python.core.impl.executors import cardinalities_utils
+from tensorflow_federated.python.core.impl.types import type_analysis
+from tensorflow_federated.python.core.impl.types import type_conversions
+
+from tff_robust.common import arguments
+from tff_robust.distributed import passwise
+from tff_robust.distributed import runtime
+from tff_robust.distributed import worker_credentials
+from tff_robust.distributed import worker_launcher
+from tff_robust.distributed import worker_network
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+# gRPC's limit is a signed 32-bit length; TFF's own local context uses 2e9 too.
+DEFAULT_MAX_MESSAGE_BYTES = 2_000_000_000
+# How long a worker may take to accept connections at start.
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 30.0
+# A worker that cannot be reached for this long is reported as failed (not retried).
+DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS = 10.0
+
+
+class WorkerError(RuntimeError):
+  """A worker_binary could not be reached or failed; `address` names it."""
+
+  def __init__(self, address: str, message: str):
+    super().__init__(f'TFF worker {address}: {message}')
+    self.address = address
+
+
+worker_binary_path = worker_launcher.worker_binary_path
+Credentials = worker_credentials.Credentials
+as_driver_credentials = worker_credentials.as_driver_credentials
+
+
+def parse_addresses(addresses) -> list[str]:
+  """`'host:port,host:port'` (or a sequence of them) → a validated list.
+
+  Raises:
+    ValueError: for an empty list, a malformed address or a repeated one.
+  """
+  if isinstance(addresses, str):
+    addresses = [a.strip() for a in addresses.split(',') if a.strip()]
+  addresses = list(addresses)
+  if not addresses:
+    raise ValueError('Give at least one worker address host:port.')
+  for address in addresses:
+    host, sep, port = str(address).rpartition(':')
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise ValueError(f'Worker address {address!r} is not host:port.')
+  if len(set(addresses)) != len(addresses):
+    raise ValueError(f'Worker addresses repeat: {addresses}.')
+  return addresses
+
+
+def _host(address: str) -> str:
+  return address.rpartition(':')[0].strip('[]')
+
+
+def check_credentials_needed(addresses, credentials) -> None:
+  """A driver without credentials dials workers on this machine (loopback) only.
+
+  Raises:
+    ValueError: naming an address on the network, for `credentials` None.
+  """
+  if credentials is not None:
+    return
+  remote = [a for a in parse_addresses(addresses)
+            if not worker_network.is_loopback(_host(a))]
+  if remote:
+    raise ValueError(
+        f'Worker {remote[0]} is not on this machine: a worker on the network requires '
+        'credentials (mutual TLS). Make a deployment\'s files with `python -m '
+        'tff_robust.distributed.worker_credentials --out=DIR`, start each worker with '
+        '--tls_cert, --tls_key and --tls_client_ca, and give the driver its files '
+        '(credentials=DIR; the binaries\' --worker_credentials=DIR).')
+
+
+def _channel_options(max_message_bytes: int):
+  return [('grpc.max_message_length', max_message_bytes),
+          ('grpc.max_send_message_length', max_message_bytes),
+          ('grpc.max_receive_message_length', max_message_bytes)]
+
+
+def make_channel(address: str, credentials: Optional[Credentials] = None,
+                 options=()) -> grpc.Channel:
+  """A gRPC channel to the worker at `address`: mutual TLS with `credentials` (the
+  driver's), else insecure (a worker on this machine)."""
+  options = list(options)
+  if credentials is None:
+    return grpc.insecure_channel(address, options)
+  return grpc.secure_channel(address, credentials.channel_credentials(),
+                             options + credentials.channel_options())
+
+
+# Words of a failed connection's gRPC details that mean the TLS handshake failed (a
+# certificate, a name or a protocol refused), not that nothing listens (yet).
+_HANDSHAKE_FAILURE_WORDS = ('ssl', 'tls', 'handshake', 'certificate', 'peer name',
+                            'alpn', 'socket closed', 'connection reset')
+
+
+def _connect_error(channel, deadline: float) -> str:
+  """The details of a call that fails at once, as the channel cannot connect."""
+  probe = channel.unary_unary('/tff_robust.Probe/Probe')
+  try:
+    probe(b'', wait_for_ready=False,
+          timeout=max(min(deadline - time.monotonic(), 10.0), 0.1))
+  except grpc.RpcError as e:
+    if isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.UNAVAILABLE:
+      return e.details() or ''
+  return ''
+
+
+def wait_until_ready(address: str, timeout: float,
+                     credentials: Optional[Credentials] = None) -> None:
+  """Blocks until a gRPC channel to `address` is ready (with `credentials`: its TLS
+  handshake succeeded).
+
+  Raises:
+    WorkerError: after `timeout` seconds; at once if the worker refused the TLS
+      handshake, or a driver without credentials met one that requires them.
+  """
+  channel = make_channel(address, credentials)
+  ready = grpc.channel_ready_future(channel)
+  deadline = time.monotonic() + timeout
+  try:
+    while True:
+      try:
+        ready.result(timeout=min(max(deadline - time.monotonic(), 0.0), 1.0))
+        return
+      except grpc.FutureTimeoutError:
+        pass
+      # Why it does not connect: nothing listens (yet), or a refused handshake.
+      details = _connect_error(channel, deadline)
+      if any(word in details.lower() for word in _HANDSHAKE_FAILURE_WORDS):
+        if credentials is None:
+          hint = ('does the worker require credentials (started with --tls_*)? Pass '
+                  'credentials=DIR (--worker_credentials=DIR).')
+        else:
+          hint = ('are the driver\'s credentials and the worker\'s --tls_* files '
+                  'from the same deployment (`python -m tff_robust.'
+                  'worker_credentials`), and does the worker use TLS at all?')
+        raise WorkerError(address, f'refused the connection ({details}); {hint}')
+      if time.monotonic() >= deadline:
+        raise WorkerError(address, f'not reachable within {timeout:g} s' +
+                          (f' ({details}).' if details else '.'))
+  finally:
+    ready.cancel()
+    channel.close()
+
+
+class _FailFastStub(tff.framework.RemoteExecutorStub):
+  """TFF's gRPC stub, but a worker that stays unreachable raises `WorkerError`.
+
+  TFF's `AsyncExecutionContext` retries an UNAVAILABLE worker forever (backing off to
+  every 30 s), so a dead worker would hang the program silently. Here an RPC that
+  fails waits for the worker to come back until `unavailable_timeout` after the first
+  failure: if it does, the error stays retryable (TFF reruns that worker's share of
+  the call on fresh executor state); if not, `WorkerError` names the worker and is not
+  retried. The clock is the worker's, not the call's: the other calls of the failed
+  computation (TFF goes on running its sibling tasks) and the calls after it fail at
+  the same deadline, or at once after it, until the channel is ready again
+  (`DistributedContext.wait_until_connected`, or gRPC reconnecting on its own).
+
+  Freeing state on the worker (`dispose`, `dispose_executor`: TFF calls them when a
+  call fails and when the context closes) never waits for it: one attempt, at most
+  `unavailable_timeout` long, errors ignored, and none while the worker is failing. So
+  a program whose worker died stops about `unavailable_timeout` after the death, not
+  that long again for every pending call and cached executor (issue 39).
+  """
+
+  def __init__(self, address: str, channel, unavailable_timeout: float):
+    self._address = address
+    self._channel = channel
+    self._stub = tff.framework.RemoteExecutorGrpcStub(channel)
+    # The raw gRPC stub, for the freeing calls with a deadline.
+    self._grpc_stub = executor_pb2_grpc.ExecutorGroupStub(channel)
+    self._unavailable_timeout = unavailable_timeout
+    # time.monotonic() of the first failed call since the worker was last reached.
+    self._failing_since: Optional[float] = None
+    channel.subscribe(self._on_connectivity)
+    # Serialized bytes of every request and response: what crosses the network.
+    self.bytes_sent = 0
+    self.bytes_received = 0
+
+  def _on_connectivity(self, state) -> None:
+    if state == grpc.ChannelConnectivity.READY:
+      self.reached()
+
+  def reached(self) -> None:
+    """The worker answers (again): a later failure starts a new clock."""
+    self._failing_since = None
+
+  @property
+  def failing(self) -> bool:
+    return self._failing_since is not None
+
+  def _call(self, method: str, request):
+    try:
+      self.bytes_sent += request.ByteSize()
+      response = getattr(self._stub, method)(request)
+      self.bytes_received += response.ByteSize()
+      self.reached()
+      return response
+    except tff.framework.RetryableError as e:
+      if self._failing_since is None:
+        self._failing_since = time.monotonic()
+      remaining = self._failing_since + self._unavailable_timeout - time.monotonic()
+      try:
+        if remaining <= 0:
+          raise grpc.FutureTimeoutError()
+        grpc.channel_ready_future(self._channel).result(timeout=remaining)
+      except grpc.FutureTimeoutError:
+        raise WorkerError(
+            self._address, f'unreachable for {self._unavailable_timeout:g} s during '
+            f'{method} ({_grpc_details(e)}); did the worker stop?') from None
+      raise  # Back: TFF retries this worker's share.
+    except grpc.RpcError as e:
+      raise WorkerError(self._address, f'{method} failed: {_grpc_details(e)}') from e
+
+  def _free(self, method: str, request):
+    """One attempt at a freeing call; None if the worker is away."""
+    if self.failing:
+      return None
+    try:
+      self.bytes_sent += request.ByteSize()
+      response = getattr(self._grpc_stub, method)(request,
+                                                  timeout=self._unavailable_timeout)
+      self.bytes_received += response.ByteSize()
+      return response
+    except grpc.RpcError as e:
+      if (isinstance(e, grpc.Call) and self._failing_since is None and
+          e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)):
+        self._failing_since = time.monotonic()  # Nothing left to free there.
+      return None
+
+  def get_executor(self, request):
+    return self._call('get_executor', request)
+
+  def create_value(self, request):
+    return self._call('create_value', request)
+
+  def create_struct(self, request):
+    return self._call('create_struct', request)
+
+  def create_call(self, request):
+    return self._call('create_call', request)
+
+  def create_selection(self, request):
+    return self._call('create_selection', request)
+
+  def compute(self, request):
+    return self._call('compute', request)
+
+  def dispose(self, request):
+    return self._free('Dispose', request)
+
+  def dispose_executor(self, request):
+    return self._free('DisposeExecutor', request)
+
+  @property
+  def is_ready(self) -> bool:
+    return self._stub.is_ready
+
+
+def _grpc_details(error) -> str:
+  cause = getattr(error, 'grpc_error', None) or getattr(error, '__cause__', None) or error
+  if isinstance(cause, grpc.Call):
+    return f'{cause.code().name}: {cause.details()}'
+  return str(error) or type(error).__name__
+
+
+class _WorkerContext:
+  """One worker's channel, executor factory and async context."""
+
+  def __init__(self, address: str, max_message_bytes: int, connect_timeout: float,
+               unavailable_timeout: float, credentials: Optional[Credentials]):
+    self.address = address
+    wait_until_ready(address, connect_timeout, credentials)
+    self.channel = make_channel(address, credentials,
+                                _channel_options(max_message_bytes))
+    stub = _FailFastStub(address, self.channel, unavailable_timeout)
+    self.stub = stub
+
+    def executor_fn(cardinalities):
+      # A call without CLIENTS-placed arguments (e.g. `initialize`) runs on no client.
+      cardinalities.setdefault(tff.CLIENTS, 0)
+      executor = tff.framework.RemoteExecutor(stub)
+      executor.set_cardinalities(cardinalities)
+      return executor
+
+    self.executor_factory = tff.framework.ResourceManagingExecutorFactory(executor_fn)
+    self.context = tff.framework.AsyncExecutionContext(
+        executor_fn=self.executor_factory,
+        compiler_fn=native_compiler.desugar_and_transform_to_native,
+        transform_args=tensorflow_computation.transform_args,
+        transform_result=tensorflow_computation.transform_result)
+
+  def close(self):
+    # Frees this client's executors on the worker (a gone worker is skipped).
+    for cardinalities in list(self.executor_factory._executors.keys()):  # pylint: disable=protected-access
+      try:
+        self.executor_factory.clean_up_executor(dict(cardinalities))
+      except Exception:  # pylint: disable=broad-except
+        pass
+    # No callback left for gRPC's connectivity thread to poll the closed channel for.
+    self.channel.unsubscribe(self.stub._on_connectivity)  # pylint: disable=protected-access
+    self.channel.close()
+
+
+class DistributedContext(tff.framework.SyncContext):
+  """A synchronous TFF context that spreads clients over worker_binary processes.
+
+  `invoke` compiles a computation to TFF's mergeable form and runs it with the
+  CLIENTS-placed arguments split into `len(addresses)` contiguous shards, one per
+  worker, as `tff.backends.native.create_mergeable_comp_execution_context` does, but
+  with per-client results in client order and partial aggregates merged in worker
+  order (TFF's: in the order the workers finish). A computation whose aggregations
+  depend on one another is refused by TFF's compiler ("Detected one aggregate
+  dependent on another") unless it has a registered pass-by-pass equivalent
+  (`tff_robust.distributed.passwise.register_equivalent`; the `next` of every
+  learning process tff_robust builds), which then runs instead.
+
+  A worker that cannot be reached for `unavailable_timeout` seconds makes `invoke`
+  raise `WorkerError` naming it. `close()` frees this program's state on the workers
+  and closes the channels (it does not stop the workers).
+
+  With `credentials` every channel is mutual TLS; without them, every worker must be
+  on this machine (a loopback address).
+  """
+
+  def __init__(self, addresses, *, credentials=None,
+               max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
+               unavailable_timeout: float = DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS):
+    """Connects to the workers (waits up to `connect_timeout` s for each).
+
+    Args:
+      addresses: `host:port` of every worker, as a list or a comma-separated string.
+      credentials: the driver's TLS credentials: a `Credentials`
+        (`Credentials.driver(directory)`) or a directory that
+        `python -m tff_robust.distributed.worker_credentials` wrote; None: workers on this
+        machine only.
+      max_message_bytes: gRPC message limit, > the largest value sent (a model, a
+        client's dataset or update, a partial aggregate); at most 2^31 − 1.
+      connect_timeout: seconds to wait for a worker at start; finite, > 0.
+      unavailable_timeout: seconds a worker may be unreachable during a call
+        before `WorkerError`; finite, > 0.
+
+    Raises:
+      TypeError: for a limit of the wrong type (e.g. a float `max_message_bytes`).
+      ValueError: for bad addresses or limits, unreadable credentials, or a worker
+        not on this machine without credentials.
+      WorkerError: naming a worker not reachable within `connect_timeout`, or one
+        that refused the TLS handshake.
+    """
+    self.addresses = parse_addresses(addresses)
+    credentials = as_driver_credentials(credentials)
+    check_credentials_needed(self.addresses, credentials)
+    max_message_bytes = arguments.check_positive_int('max_message_bytes',
+                                                     max_message_bytes)
+    if max_message_bytes >= 2**31:  # gRPC's limit is a signed 32-bit length.
+      raise ValueError(f'max_message_bytes must be < 2^31, got {max_message_bytes}.')
+    # Finite: an infinite wait would hang a round for good.
+    connect_timeout = arguments.check_positive_float('connect_timeout', connect_timeout)
+    unavailable_timeout = arguments.check_positive_float('unavailable_timeout',
+                                                         unavailable_timeout)
+    self._workers = []
+    try:
+      for address in self.addresses:
+        self._workers.append(_WorkerContext(address, max_message_bytes,
+                                            connect_timeout, unavailable_timeout,
+                                            credentials))
+    except BaseException:
+      self.close()
+      raise
+    # TFF's mergeable context's compiler; the compiled forms are cached per
+    # computation. Its runner thread runs the workers' async calls.
+    self._compiler = compiler_pipeline.CompilerPipeline(
+        mergeable_comp_compiler.compile_to_mergeable_comp_form)
+    self._runner = async_utils.AsyncThreadRunner()
+
+  @property
+  def num_workers(self) -> int:
+    return len(self.addresses)
+
+  def invoke(self, comp, arg):
+    """Runs `comp` on the workers; a computation TFF cannot merge that has a
+    pass-by-pass equivalent (`tff_robust.passwise.register_equivalent`: the `next` of
+    every learning process tff_robust builds) runs as that equivalent.
+
+    Raises:
+      ValueError: for a computation with aggregations depending on one another and
+        no equivalent ("Detected one aggregate dependent on another"), with a hint.
+    """
+    equivalent = passwise.equivalent(comp)
+    if equivalent is not None and equivalent.mergeable is False:
+      return self._run_equivalent(equivalent, arg)
+    try:
+      form = self._compiler.compile(comp)
+    except ValueError as e:
+      if _DEPENDENT_AGGREGATES not in str(e):
+        raise
+      if equivalent is None:
+        raise ValueError(
+            f'{e}\nThe workers run one round of aggregation per computation. Drive '
+            'an iterative aggregate with tff_robust.passwise.PasswiseFactory, and '
+            'build learning processes with tff_robust\'s builders (e.g. '
+            'tff_robust.build_process_with_aggregator instead of '
+            'tff.learning.algorithms.build_weighted_fed_avg), whose `next` runs '
+            'pass by pass here.') from e
+      equivalent.mergeable = False
+      return self._run_equivalent(equivalent, arg)
+    if equivalent is not None:
+      equivalent.mergeable = True
+    return self._run_form(form, arg)
+
+  def _run_equivalent(self, equivalent, arg):
+    # Its computations are invoked through the context stack: make it this one.
+    with tff.framework.get_context_stack().install(self):
+      return equivalent(arg)
+
+  def _run_form(self, form, arg):
+    """TFF's mergeable execution of `form`, with the shards' results in worker
+    (i.e. client) order and the partial aggregates merged in worker order.
+
+    TFF's own context concatenates CLIENTS-placed results and merges partial
+    aggregates in the order the workers *finish*, so per-client results came back
+    permuted and sums were added in a timing-dependent order.
+    """
+    contexts = [w.context for w in self._workers]
+    if arg is None:
+      shards = [None] * len(contexts)
+    else:
+      shards = _shards(arg, form.up_to_merge.type_signature.parameter, len(contexts))
+    result = self._runner.run_coro_and_return_result(
+        _invoke_in_order(form, shards, contexts))
+    return type_conversions.type_to_py_container(
+        result, form.after_merge.type_signature.result)
+
+  def wait_until_connected(self, timeout: float) -> None:
+    """Blocks until this context's channel to every worker is ready, e.g. after a
+    worker restarted: gRPC reconnects after a backoff that grows the longer the
+    worker was away, so a call right after the restart may find it still waiting.
+
+    Raises:
+      WorkerError: naming a worker still unreachable after `timeout` seconds.
+    """
+    for worker in self._workers:
+      try:
+        grpc.channel_ready_future(worker.channel).result(timeout=timeout)
+      except grpc.FutureTimeoutError as e:
+        raise WorkerError(worker.address, f'not reachable within {timeout:g} s.') from e
+      worker.stub.reached()
+
+  def traffic(self) -> dict[str, tuple[int, int]]:
+    """Worker address → (bytes sent to it, bytes received from it) so far: the
+    serialized gRPC messages (values, computations, references)."""
+    return {w.address: (w.stub.bytes_sent, w.stub.bytes_received)
+            for w in self._workers}
+
+  def close(self) -> None:
+    for worker in self._workers:
+      worker.close()
+    self._workers = []
+
+
+# What TFF's compiler says of a computation whose aggregations depend on one another.
+_DEPENDENT_AGGREGATES = 'dependent on another'
+
+
+def _shards(value, type_spec, num_shards: int) -> list:
+  """`value` (of `type_spec`) as up to `num_shards` arguments, each with one
+  contiguous slice of the clients (sizes as TFF's: ⌈remaining / shards left⌉), in
+  client order; other values are repeated in every shard.
+
+  TFF 0.87's own splitting (`MergeableCompExecutionContextValue`) gives every shard
+  the first clients again when a CLIENTS-placed argument is followed by one placed
+  elsewhere (e.g. `f(clients_value, server_value)`: 5 clients over 2 workers ran
+  clients 0-2 twice).
+  """
+  num_clients = cardinalities_utils.infer_cardinalities(value, type_spec).get(
+      tff.CLIENTS)
+  if num_clients is None:  # No CLIENTS-placed argument.
+    return [value] * num_shards
+  if num_clients == 0:
+    return [value]
+  shards, start = [], 0
+  for shards_left in range(num_shards, 0, -1):
+    if start == num_clients:
+      break  # Fewer clients than workers: no shard without clients.
+    stop = start + math.ceil((num_clients - start) / shards_left)
+    shards.append(_clients_slice(value, type_spec, start, stop))
+    start = stop
+  return shards
+
+
+def _clients_slice(value, type_spec, start: int, stop: int):
+  if isinstance(type_spec, tff.StructType):
+    elements = structure.iter_elements(structure.from_container(value))
+    return structure.Struct([
+        (name, _clients_slice(element, element_type, start, stop))
+        for (_, element), (name, element_type) in zip(
+            elements, structure.iter_elements(type_spec))])
+  if (isinstance(type_spec, tff.FederatedType) and type_spec.placement == tff.CLIENTS
+      and not type_spec.all_equal):
+    return value[start:stop]
+  return value
+
+
+async def _invoke_in_order(form, shards, contexts):
+  """`form` (a `MergeableCompForm`) on `shards`, one per context: every shard's
+  `up_to_merge` at once, their partial aggregates merged in shard order, then
+  `after_merge` on every shard, its results concatenated in shard order."""
+  contexts = contexts[:len(shards)]
+  partials = await asyncio.gather(*(
+      context.invoke(form.up_to_merge, shard)
+      for shard, context in zip(shards, contexts)))
+  merged = partials[0]
+  for partial in partials[1:]:
+    merged = await contexts[0].invoke(form.merge,
+                                      structure.Struct.unnamed(merged, partial))
+  result_type = form.after_merge.type_signature.result
+  if type_analysis.contains_only(
+      result_type, lambda t: not isinstance(t, tff.FederatedType) or t.all_equal):
+    # Every shard would return the same (e.g. server-placed) result: compute it once.
+    return await mergeable._compute_after_merged(  # pylint: disable=protected-access
+        form, shards[0], merged, contexts[0])
+  after_merge = mergeable._compute_after_merged  # pylint: disable=protected-access
+  results = await asyncio.gather(*(
+      after_merge(form, shard, merged, context)
+      for shard, context in zip(shards, contexts)))
+  return mergeable._repackage_partitioned_values(  # pylint: disable=protected-access
+      list(results), result_type)
+
+
+@contextlib.contextmanager
+def distributed_execution(addresses, **kwargs):
+  """Runs every TFF computation called in the block on the workers at `addresses`.
+
+  Installs a `DistributedContext` (keyword arguments as its constructor's) on TFF's
+  context stack for this thread and closes it afterwards. Yields the context.
+  """
+  context = DistributedContext(addresses, **kwargs)
+  try:
+    with tff.framework.get_context_stack().install(context):
+      yield context
+  finally:
+    context.close()
+
+
+class LocalWorkers:
+  """Starts `num_workers` workers on this machine, reachable from this machine only; a
+  context manager that always stops them (by pid) when the block ends.
+
+    with LocalWorkers(2) as workers:
+      with distributed_execution(workers.addresses): ...
+
+  Each worker is `python -m tff_robust.distributed.worker_launcher` (`tff_robust.distributed`'s
+  worker command): its worker_binary runs in a private network namespace, and the
+  launcher forwards connections to it from a port on `host` (a loopback address,
+  default 127.0.0.1), with mutual TLS if `credentials` (the workers' side,
+  `Credentials.worker(directory)` or that directory) are given; the driver then
+  needs the driver's side. Workers listen on free ports (or `ports`). A port
+  something already listens on is refused (`WorkerError` naming it), and a worker
+  counts as started once it accepts connections on its port and is the only process
+  listening there. Each worker's output goes to a log file in `log_dir` (default a
+  temporary directory), not to this process's stdout, so `python x.py | tail` ends.
+  The kernel kills a launcher if the starting Python process dies, and its
+  worker_binary with it (PR_SET_PDEATHSIG).
+
+  Attributes:
+    addresses: `host:port` of every worker.
+    pids: the launchers' process ids (each holds its worker's port).
+    binary_pids: their worker_binary processes' ids.
+  """
+
+  def __init__(self, num_workers: int, *, host: str = '127.0.0.1',
+               ports: Optional[Sequence[int]] = None,
+               max_message_megabytes: int = 10_000,
+               log_dir: Optional[str] = None, startup_timeout: float = 60.0,
+               credentials=None):
+    num_workers = arguments.check_positive_int('num_workers', num_workers)
+    if ports is not None and len(ports) != num_workers:
+      raise ValueError(f'Give {num_workers} ports, got {list(ports)}.')
+    if not worker_network.is_loopback(host):
+      raise ValueError(
+          f'LocalWorkers(host={host!r}): local workers listen on a loopback address '
+          'only. Workers for other machines are started there with `python -m '
+          'tff_robust.distributed --port=N` and the deployment\'s credentials.')
+    if credentials is not None and not isinstance(credentials, Credentials):
+      credentials = Credentials.worker(os.fspath(credentials))
+    self._credentials = credentials
+    self._binary = worker_binary_path()
+    self._requested = num_workers
+    self._host = host
+    self._ports = list(ports) if ports is not None else None
+    self._max_megabytes = arguments.check_positive_int('max_message_megabytes',
+                                                       max_message_megabytes)
+    self._log_dir = log_dir
+    self._startup_timeout = arguments.check_positive_float('startup_timeout',
+                                                           startup_timeout)
+    self._processes: list[Optional[subprocess.Popen]] = []
+    self._binaries: list[list[int]] = []
+    self._logs: list[str] = []
+
+  @property
+  def addresses(self) -> list[str]:
+    host = f'[{self._host}]' if ':' in self._host else self._host
+    return [f'{host}:{port}' for port in self._ports or []]
+
+  @property
+  def pids(self) -> list[int]:
+    return [p.pid for p in self._processes if p is not None]
+
+  @property
+  def binary_pids(self) -> list[int]:
+    return [pid for pids in self._binaries for pid in pids]
+
+  def log_path(self, index: int) -> str:
+    return self._logs[index]
+
+  def __enter__(self) -> 'LocalWorkers':
+    try:
+      self.start()
+    except BaseException:
+      self.stop()
+      raise
+    return self
+
+  def __exit__(self, *exc_info):
+    self.stop()
+
+  def start(self) -> None:
+    """Starts every worker and waits until each accepts connections.
+
+    Raises:
+      WorkerError: naming a worker whose port is in use, that exited, or that was not
+        listening within `startup_timeout`.
+    """
+    if self._processes:
+      raise RuntimeError('These workers are already started.')
+    if self._log_dir is None:
+      self._log_dir = tempfile.mkdtemp(prefix='tff_workers_')
+    os.makedirs(self._log_dir, exist_ok=True)
+    if self._ports is None:
+      self._ports = [portpicker.pick_unused_port() for _ in range(self._num())]
+    self._processes = [None] * len(self._ports)
+    self._binaries = [[] for _ in self._ports]
+    self._logs = [os.path.join(self._log_dir, f'worker_{i}_{port}.log')
+                  for i, port in enumerate(self._ports)]
+    for index in range(len(self._ports)):
+      self._launch(index)
+    for index in range(len(self._ports)):
+      self._wait_ready(index)
+
+  def _num(self) -> int:
+    return len(self._ports) if self._ports else self._requested
+
+  def _launch(self, index: int) -> None:
+    try:
+      worker_launcher.check_port_free(self._ports[index])
+    except worker_launcher.PortInUseError as e:
+      raise WorkerError(self.addresses[index], str(e)) from None
+    command = [sys.executable, '-m', 'tff_robust.distributed.worker_launcher',
+               f'--port={self._ports[index]}', f'--listen_host={self._host}',
+               f'--grpc_max_message_length_megabytes={self._max_megabytes}']
+    if self._credentials is not None:
+      command += self._credentials.launcher_flags()
+    with open(self._logs[index], 'ab') as log:
+      self._processes[index] = worker_launcher.start_worker(
+          command[0], command[1:], stdin=subprocess.DEVNULL, stdout=log,
+          stderr=subprocess.STDOUT)
+
+  def _wait_ready(self, index: int) -> None:
+    process = self._processes[index]
+    try:
+      # The launcher listens once its worker_binary does.
+      worker_launcher.wait_until_listening(process, self._ports[index],
+                                           timeout=self._startup_timeout,
+                                           host=self._host)
+    except worker_launcher.WorkerStartError as e:
+      if process.poll() is None:  # E.g. sharing its port with another process.
+        process.kill()
+      process.wait()
+      raise WorkerError(self.addresses[index], f'{e} Log {self._logs[index]}:\n'
+                        f'{self._tail(index)}') from None
+    self._binaries[index] = runtime.worker_binaries(process.pid)
+
+  def _tail(self, index: int, lines: int = 20) -> str:
+    try:
+      with open(self._logs[index], errors='replace') as f:
+        return ''.join(f.readlines()[-lines:])
+    except OSError:
+      return ''
+
+  def _wait_gone(self, index: int) -> None:
+    """Waits until worker `index`'s worker_binary has exited (the kernel kills it when
+    its launcher dies; it is not this process's child to reap)."""
+    for pid in self._binaries[index]:
+      while os.path.exists(f'/proc/{pid}') and not _zombie(pid):
+        time.sleep(0.01)
+    self._binaries[index] = []
+
+  def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+    """Sends `sig` to worker `index`'s launcher and reaps it (SIGKILL simulates a
+    crashed machine: the kernel kills its worker_binary too)."""
+    process = self._processes[index]
+    if process is not None and process.poll() is None:
+      process.send_signal(sig)
+      process.wait()
+    self._wait_gone(index)
+
+  def restart(self, index: int) -> None:
+    """Starts worker `index` again on its port (after `kill` or a crash)."""
+    self.kill(index)
+    self._launch(index)
+    self._wait_ready(index)
+
+  def stop(self, timeout: float = 5.0) -> None:
+    """Stops every worker (SIGINT, then SIGKILL after `timeout` s) and reaps it."""
+    running = [p for p in self._processes if p is not None and p.poll() is None]
+    for process in running:
+      process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    for process in running:
+      try:
+        process.wait(max(deadline - time.monotonic(), 0.01))
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for index in range(len(self._binaries)):
+      self._wait_gone(index)
+    self._processes = []
+
+
+def _zombie(pid: int) -> bool:
+  try:
+    with open(f'/proc/{pid}/stat', 'rb') as f:
+      return f.read().rsplit(b')', 1)[1].split()[0] == b'Z'
+  except OSError:
+    return True
