@@ -71,7 +71,9 @@ def build_robust_federated_aggregation_process(
   `tff_robust.GeometricMedianFactory`, which replaces the weighted mean of the client
   model updates. The returned `tff.learning.templates.LearningProcess` has the usual
   `initialize`, `next`, `get_model_weights` and `set_model_weights`; the aggregator's
-  measurements appear under `metrics['aggregator']`.
+  measurements appear under `metrics['aggregator']`. Inside
+  `tff_robust.distributed.distributed_execution` the same `next(state, client_data)`
+  runs on the workers, one computation per pass (see the module docstring).
 
   Args:
     model_fn: as for `build_weighted_fed_avg`.
