@@ -22,8 +22,9 @@ first use):
                 inner mean every pass calls
   learning      the learning processes and the personalization client
   distributed   execution on TFF workers (`distributed_execution`, `LocalWorkers`,
-                secured workers, `passwise`: any factory one computation per pass,
-                `runtime.worker_binaries_stopped()`)
+                secured workers; the learning processes run there as written, their
+                aggregation one pass per computation; `passwise`: any factory one
+                computation per pass, `runtime.worker_binaries_stopped()`)
   common        argument and type checks, numerics, the weighted-and-unweighted base
 `tff_robust.passwise`, `tff_robust.runtime` and `tff_robust.original_rfa` still name
 their modules.

@@ -1,7 +1,9 @@
 """Execution on TFF workers: the distributed context, workers and their security.
 
   passwise            `PasswiseFactory`: any factory one computation per pass (the
-                      mergeable context runs one aggregation per computation)
+                      mergeable context runs one aggregation per computation);
+                      `register_equivalent`: a computation's pass-by-pass form,
+                      which `DistributedContext` runs in its place
   execution           `distributed_execution`, `DistributedContext`, `LocalWorkers`,
                       `WorkerError` (also importable from this package)
   worker_launcher     `python -m tff_robust.distributed --port=N`: one worker_binary,

@@ -13,23 +13,29 @@ pieces:
       inside `tff.framework.ResourceManagingExecutorFactory`
     → `tff.framework.AsyncExecutionContext` (the native compiler; TF frontend
       argument and result transforms), one per worker
-    → `tff.backends.native.create_mergeable_comp_execution_context`, which splits the
-      CLIENTS-placed arguments of every call into one contiguous shard per worker,
-      runs the computation up to its aggregation on every worker in parallel, merges
-      the partial aggregates with the aggregation's own `merge`, and finishes.
+    → TFF's mergeable execution (`tff.backends.native.
+      create_mergeable_comp_execution_context`'s compiler and steps, run here):
+      the CLIENTS-placed arguments of every call split into one contiguous shard per
+      worker, the computation run up to its aggregation on every worker in parallel,
+      the partial aggregates merged with the aggregation's own `merge` in worker
+      order, the rest finished, per-client results returned in client order.
 
 Use:
 
+  process = tff_robust.build_robust_federated_aggregation_process(model_fn, opt)
   with tff_robust.distributed.LocalWorkers(2) as workers:        # or your own hosts
     with tff_robust.distributed.distributed_execution(workers.addresses):
       output = process.next(state, client_data)                  # unchanged code
 
-Limitation (TFF's, not ours): the mergeable context runs only computations whose
-aggregations do not depend on one another. FedAvg, GMA, the mean and one-step RFA with
-the paper's `nu=1e-6` and `report_objective=False` qualify as they are (the default
-relative ν sums a histogram before the mean); RFA, the γ-mean and secure
-centered clipping are sequences of dependent secure averages by nature: run them with
-`tff_robust.distributed.passwise`, which calls one single-aggregate computation per pass.
+TFF's mergeable form holds one round of aggregation: a computation whose aggregations
+depend on one another is refused ("Detected one aggregate dependent on another").
+RFA, the γ-mean and secure centered clipping are such chains of secure averages. The
+learning processes tff_robust builds register a pass-by-pass equivalent of their
+`next` (`tff_robust.learning.processes`), which this context runs instead, so every
+one of them runs as written; FedAvg, GMA and one-step RFA with the paper's `nu=1e-6`
+and `report_objective=False` are mergeable as they are and run as one computation.
+An aggregation process of your own is driven pass by pass with
+`tff_robust.distributed.passwise`.
 
 Workers: `LocalWorkers` starts and stops workers on this machine (tests, demos, one big
 machine), reachable from this machine only. On several machines, make the deployment's
@@ -45,7 +51,9 @@ a port already in use, prints one `listening on HOST:PORT ...` line once the por
 accepts connections, and exits non-zero if the worker cannot start.
 """
 
+import asyncio
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -63,8 +71,20 @@ from tensorflow_federated.proto.v0 import executor_pb2_grpc
 from tensorflow_federated.python.core.backends.native import compiler as native_compiler
 from tensorflow_federated.python.core.environments.tensorflow_frontend import (
     tensorflow_computation)
+# The pieces of TFF's mergeable context (splitting arguments into shards, its compiler,
+# re-assembling results), run here in client order (see `DistributedContext.invoke`).
+from tensorflow_federated.python.common_libs import async_utils
+from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
+from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline
+from tensorflow_federated.python.core.impl.execution_contexts import (
+    mergeable_comp_execution_context as mergeable)
+from tensorflow_federated.python.core.impl.executors import cardinalities_utils
+from tensorflow_federated.python.core.impl.types import type_analysis
+from tensorflow_federated.python.core.impl.types import type_conversions
 
 from tff_robust.common import arguments
+from tff_robust.distributed import passwise
 from tff_robust.distributed import runtime
 from tff_robust.distributed import worker_credentials
 from tff_robust.distributed import worker_launcher
@@ -372,9 +392,13 @@ class DistributedContext(tff.framework.SyncContext):
 
   `invoke` compiles a computation to TFF's mergeable form and runs it with the
   CLIENTS-placed arguments split into `len(addresses)` contiguous shards, one per
-  worker, as `tff.backends.native.create_mergeable_comp_execution_context` does; a
-  computation whose aggregations depend on one another is refused by TFF ("Detected
-  one aggregate dependent on another"): drive it pass by pass (`tff_robust.distributed.passwise`).
+  worker, as `tff.backends.native.create_mergeable_comp_execution_context` does, but
+  with per-client results in client order and partial aggregates merged in worker
+  order (TFF's: in the order the workers finish). A computation whose aggregations
+  depend on one another is refused by TFF's compiler ("Detected one aggregate
+  dependent on another") unless it has a registered pass-by-pass equivalent
+  (`tff_robust.distributed.passwise.register_equivalent`; the `next` of every
+  learning process tff_robust builds), which then runs instead.
 
   A worker that cannot be reached for `unavailable_timeout` seconds makes `invoke`
   raise `WorkerError` naming it. `close()` frees this program's state on the workers
@@ -429,15 +453,69 @@ class DistributedContext(tff.framework.SyncContext):
     except BaseException:
       self.close()
       raise
-    self._mergeable = tff.backends.native.create_mergeable_comp_execution_context(
-        [w.context for w in self._workers])
+    # TFF's mergeable context's compiler; the compiled forms are cached per
+    # computation. Its runner thread runs the workers' async calls.
+    self._compiler = compiler_pipeline.CompilerPipeline(
+        mergeable_comp_compiler.compile_to_mergeable_comp_form)
+    self._runner = async_utils.AsyncThreadRunner()
 
   @property
   def num_workers(self) -> int:
     return len(self.addresses)
 
   def invoke(self, comp, arg):
-    return self._mergeable.invoke(comp, arg)
+    """Runs `comp` on the workers; a computation TFF cannot merge that has a
+    pass-by-pass equivalent (`tff_robust.passwise.register_equivalent`: the `next` of
+    every learning process tff_robust builds) runs as that equivalent.
+
+    Raises:
+      ValueError: for a computation with aggregations depending on one another and
+        no equivalent ("Detected one aggregate dependent on another"), with a hint.
+    """
+    equivalent = passwise.equivalent(comp)
+    if equivalent is not None and equivalent.mergeable is False:
+      return self._run_equivalent(equivalent, arg)
+    try:
+      form = self._compiler.compile(comp)
+    except ValueError as e:
+      if _DEPENDENT_AGGREGATES not in str(e):
+        raise
+      if equivalent is None:
+        raise ValueError(
+            f'{e}\nThe workers run one round of aggregation per computation. Drive '
+            'an iterative aggregate with tff_robust.passwise.PasswiseFactory, and '
+            'build learning processes with tff_robust\'s builders (e.g. '
+            'tff_robust.build_process_with_aggregator instead of '
+            'tff.learning.algorithms.build_weighted_fed_avg), whose `next` runs '
+            'pass by pass here.') from e
+      equivalent.mergeable = False
+      return self._run_equivalent(equivalent, arg)
+    if equivalent is not None:
+      equivalent.mergeable = True
+    return self._run_form(form, arg)
+
+  def _run_equivalent(self, equivalent, arg):
+    # Its computations are invoked through the context stack: make it this one.
+    with tff.framework.get_context_stack().install(self):
+      return equivalent(arg)
+
+  def _run_form(self, form, arg):
+    """TFF's mergeable execution of `form`, with the shards' results in worker
+    (i.e. client) order and the partial aggregates merged in worker order.
+
+    TFF's own context concatenates CLIENTS-placed results and merges partial
+    aggregates in the order the workers *finish*, so per-client results came back
+    permuted and sums were added in a timing-dependent order.
+    """
+    contexts = [w.context for w in self._workers]
+    if arg is None:
+      shards = [None] * len(contexts)
+    else:
+      shards = _shards(arg, form.up_to_merge.type_signature.parameter, len(contexts))
+    result = self._runner.run_coro_and_return_result(
+        _invoke_in_order(form, shards, contexts))
+    return type_conversions.type_to_py_container(
+        result, form.after_merge.type_signature.result)
 
   def wait_until_connected(self, timeout: float) -> None:
     """Blocks until this context's channel to every worker is ready, e.g. after a
@@ -464,6 +542,75 @@ class DistributedContext(tff.framework.SyncContext):
     for worker in self._workers:
       worker.close()
     self._workers = []
+
+
+# What TFF's compiler says of a computation whose aggregations depend on one another.
+_DEPENDENT_AGGREGATES = 'dependent on another'
+
+
+def _shards(value, type_spec, num_shards: int) -> list:
+  """`value` (of `type_spec`) as up to `num_shards` arguments, each with one
+  contiguous slice of the clients (sizes as TFF's: ⌈remaining / shards left⌉), in
+  client order; other values are repeated in every shard.
+
+  TFF 0.87's own splitting (`MergeableCompExecutionContextValue`) gives every shard
+  the first clients again when a CLIENTS-placed argument is followed by one placed
+  elsewhere (e.g. `f(clients_value, server_value)`: 5 clients over 2 workers ran
+  clients 0-2 twice).
+  """
+  num_clients = cardinalities_utils.infer_cardinalities(value, type_spec).get(
+      tff.CLIENTS)
+  if num_clients is None:  # No CLIENTS-placed argument.
+    return [value] * num_shards
+  if num_clients == 0:
+    return [value]
+  shards, start = [], 0
+  for shards_left in range(num_shards, 0, -1):
+    if start == num_clients:
+      break  # Fewer clients than workers: no shard without clients.
+    stop = start + math.ceil((num_clients - start) / shards_left)
+    shards.append(_clients_slice(value, type_spec, start, stop))
+    start = stop
+  return shards
+
+
+def _clients_slice(value, type_spec, start: int, stop: int):
+  if isinstance(type_spec, tff.StructType):
+    elements = structure.iter_elements(structure.from_container(value))
+    return structure.Struct([
+        (name, _clients_slice(element, element_type, start, stop))
+        for (_, element), (name, element_type) in zip(
+            elements, structure.iter_elements(type_spec))])
+  if (isinstance(type_spec, tff.FederatedType) and type_spec.placement == tff.CLIENTS
+      and not type_spec.all_equal):
+    return value[start:stop]
+  return value
+
+
+async def _invoke_in_order(form, shards, contexts):
+  """`form` (a `MergeableCompForm`) on `shards`, one per context: every shard's
+  `up_to_merge` at once, their partial aggregates merged in shard order, then
+  `after_merge` on every shard, its results concatenated in shard order."""
+  contexts = contexts[:len(shards)]
+  partials = await asyncio.gather(*(
+      context.invoke(form.up_to_merge, shard)
+      for shard, context in zip(shards, contexts)))
+  merged = partials[0]
+  for partial in partials[1:]:
+    merged = await contexts[0].invoke(form.merge,
+                                      structure.Struct.unnamed(merged, partial))
+  result_type = form.after_merge.type_signature.result
+  if type_analysis.contains_only(
+      result_type, lambda t: not isinstance(t, tff.FederatedType) or t.all_equal):
+    # Every shard would return the same (e.g. server-placed) result: compute it once.
+    return await mergeable._compute_after_merged(  # pylint: disable=protected-access
+        form, shards[0], merged, contexts[0])
+  after_merge = mergeable._compute_after_merged  # pylint: disable=protected-access
+  results = await asyncio.gather(*(
+      after_merge(form, shard, merged, context)
+      for shard, context in zip(shards, contexts)))
+  return mergeable._repackage_partitioned_values(  # pylint: disable=protected-access
+      list(results), result_type)
 
 
 @contextlib.contextmanager

@@ -37,10 +37,18 @@ updates in Python sends each worker its clients' updates with every pass call.
 Factories other than `tff_robust.iterative.iterative_steps.IterativeAggregationFactory`s are run as
 their own single computation (FedAvg's mean, GMA, ... are mergeable as they are; the
 gathering baselines are not, and the mergeable context refuses them).
+
+Whole computations can have a pass-by-pass equivalent too: `register_equivalent`
+records, for a computation (e.g. the `next` of a learning process that
+`tff_robust.learning` builds), a Python function computing the same from the same
+argument with one computation per pass. `tff_robust.distributed.DistributedContext`
+runs that function when TFF cannot merge the computation, so `process.next(state,
+data)` works unchanged on the workers.
 """
 
 import collections
-from typing import Callable
+from typing import Callable, Optional
+import weakref
 
 import numpy as np
 import tensorflow_federated as tff
@@ -134,3 +142,48 @@ def _reporting_count(next_fn, filtered: bool):
     return tff.templates.MeasuredProcessOutput(output.state, output.result, measurements)
 
   return next_with_count
+
+
+class Equivalent:
+  """A pass-by-pass equivalent of a computation: `equivalent(arg)` returns what the
+  computation returns for `arg` (its argument as the context's `invoke` receives it).
+  The function is built on first use (`build()`, e.g. tracing a model), once.
+
+  Attributes:
+    mergeable: whether TFF's mergeable context runs the computation itself (None:
+      not tried yet); set by the context that tried it.
+  """
+
+  def __init__(self, build: Callable[[], Callable]):
+    self._build = build
+    self._function: Optional[Callable] = None
+    self.mergeable: Optional[bool] = None
+
+  def __call__(self, arg):
+    if self._function is None:
+      self._function = self._build()
+    return self._function(arg)
+
+
+# id(computation) → (a weak reference to it, its `Equivalent`). By identity: TFF
+# computations hash their serialized form, which is costly to compute every call.
+_EQUIVALENTS: dict[int, tuple[weakref.ref, Equivalent]] = {}
+
+
+def register_equivalent(computation: tff.Computation,
+                        build: Callable[[], Callable]) -> Equivalent:
+  """Records that `build()` returns a function computing what `computation` does,
+  pass by pass; the record goes when `computation` does."""
+  key = id(computation)
+  equivalent = Equivalent(build)
+  _EQUIVALENTS[key] = (weakref.ref(computation), equivalent)
+  weakref.finalize(computation, _EQUIVALENTS.pop, key, None)
+  return equivalent
+
+
+def equivalent(computation) -> Optional[Equivalent]:
+  """The `Equivalent` registered for `computation`, or None."""
+  entry = _EQUIVALENTS.get(id(computation))
+  if entry is None or entry[0]() is not computation:
+    return None
+  return entry[1]

@@ -1,11 +1,38 @@
-"""Drop-in robust replacements for `tff.learning.algorithms.build_weighted_fed_avg`."""
+"""Drop-in robust replacements for `tff.learning.algorithms.build_weighted_fed_avg`.
 
+Every builder returns the `tff.learning.templates.LearningProcess` that
+`build_weighted_fed_avg` returns for the robust aggregator: `next` is one TFF
+computation, the same in every context. Its multi-pass aggregators (RFA, the γ-mean,
+secure centered clipping) make it a chain of dependent aggregations, which TFF's
+mergeable multi-worker context cannot run as one computation; so each builder also
+registers a pass-by-pass equivalent of `next` (`tff_robust.distributed.passwise.
+register_equivalent`), which `tff_robust.distributed.DistributedContext` runs
+instead:
+
+    training (distributor, local training; per-client updates, weights and
+              unfinalized metrics at CLIENTS, no aggregation)
+    → the aggregator's passes (`tff_robust.distributed.passwise.PasswiseFactory`: one
+      computation per pass, each one round of (secure) sums)
+    → finish (the metrics' sum and finalization, the server optimizer, the new state)
+
+It returns what `next` returns, of its type, from the same TF code (tested against
+the single computation to 1e-6 over two workers). In any other context `next` runs
+as the single computation; the equivalent is built on its first use only.
+"""
+
+import collections
 from typing import Optional
 
+import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
+# TFF's FedAvg client update, the function `build_model_delta_client_work` runs per
+# client; TFF 0.87 exports no public name for it.
+from tensorflow_federated.python.learning.templates import model_delta_client_work
 
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import nonfinite
+from tff_robust.distributed import passwise
 
 _DEFAULT_CLIENT_WEIGHTING = tff.learning.ClientWeighting.NUM_EXAMPLES
 _DEFAULT_LOOP = tff.learning.LoopImplementation.DATASET_REDUCE
@@ -31,6 +58,7 @@ def build_robust_federated_aggregation_process(
     relative_nu: Optional[float] = None,
     inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     report_max_effective_weight: bool = True,
+    report_objective: bool = True,
     client_weighting: Optional[tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
     model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
     metrics_aggregator=None,
@@ -43,7 +71,9 @@ def build_robust_federated_aggregation_process(
   `tff_robust.GeometricMedianFactory`, which replaces the weighted mean of the client
   model updates. The returned `tff.learning.templates.LearningProcess` has the usual
   `initialize`, `next`, `get_model_weights` and `set_model_weights`; the aggregator's
-  measurements appear under `metrics['aggregator']`.
+  measurements appear under `metrics['aggregator']`. Inside
+  `tff_robust.distributed.distributed_execution` the same `next(state, client_data)`
+  runs on the workers, one computation per pass (see the module docstring).
 
   Args:
     model_fn: as for `build_weighted_fed_avg`.
@@ -64,6 +94,8 @@ def build_robust_federated_aggregation_process(
       estimate (None and no `nu`: 0.2); see `GeometricMedianFactory`.
     inner_mean_factory: the weighted mean each pass goes through (secure sum, DP).
     report_max_effective_weight: see `GeometricMedianFactory`.
+    report_objective: see `GeometricMedianFactory` (False saves the scalar-only call
+      that completes the `objective` measurement on workers).
     client_weighting: α_i: `tff.learning.ClientWeighting.NUM_EXAMPLES` (paper) or
       `UNIFORM`, or a callable of the local training outputs.
     model_distributor: as for `build_weighted_fed_avg`.
@@ -84,6 +116,7 @@ def build_robust_federated_aggregation_process(
           inner_mean_factory=inner_mean_factory,
           initial_point=initial_point,
           report_max_effective_weight=report_max_effective_weight,
+          report_objective=report_objective,
       ))
   return build_process_with_aggregator(
       model_fn, client_optimizer_fn, server_optimizer_fn, aggregator,
@@ -102,22 +135,39 @@ def build_one_step_robust_federated_aggregation_process(
     nu: Optional[float] = None,
     relative_nu: Optional[float] = None,
     inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
-    **fed_avg_kwargs,
+    report_max_effective_weight: bool = True,
+    report_objective: bool = True,
+    client_weighting: Optional[
+        tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
+    model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
+    metrics_aggregator=None,
+    loop_implementation: tff.learning.LoopImplementation = _DEFAULT_LOOP,
 ) -> tff.learning.templates.LearningProcess:
   """One-step RFA (paper Algorithm 3): one secure-average call per round, like FedAvg.
 
-  Same interface as `build_robust_federated_aggregation_process`; `fed_avg_kwargs` are
-  `build_weighted_fed_avg`'s keyword arguments (client_weighting, ...). With the
-  default relative ν a round makes one more (scalar-histogram) sum before the mean;
-  `nu=1e-6` is the paper's single-aggregation form.
+  The arguments of `build_robust_federated_aggregation_process` that make sense for
+  one Weiszfeld step from the zero update (all but `num_communication_passes`,
+  `tolerance` and `initial_point`). With the default relative ν a round makes one more
+  (scalar-histogram) sum before the mean; `nu=1e-6` is the paper's form, a single
+  aggregation when `report_objective=False` (the `objective` needs the step's result).
+
+  Returns:
+    A `tff.learning.templates.LearningProcess`.
   """
   _check_optimizer('client_optimizer_fn', client_optimizer_fn)
   _check_optimizer('server_optimizer_fn', server_optimizer_fn)
   aggregator = nonfinite.NonfiniteFilteringFactory(
       geometric_median.one_step_geometric_median_factory(
-          nu=nu, relative_nu=relative_nu, inner_mean_factory=inner_mean_factory))
+          nu=nu, relative_nu=relative_nu, inner_mean_factory=inner_mean_factory,
+          report_max_effective_weight=report_max_effective_weight,
+          report_objective=report_objective))
   return build_process_with_aggregator(
-      model_fn, client_optimizer_fn, server_optimizer_fn, aggregator, **fed_avg_kwargs)
+      model_fn, client_optimizer_fn, server_optimizer_fn, aggregator,
+      client_weighting=client_weighting,
+      model_distributor=model_distributor,
+      metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation,
+  )
 
 
 def build_process_with_aggregator(
@@ -125,15 +175,138 @@ def build_process_with_aggregator(
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer],
     aggregator: tff.aggregators.WeightedAggregationFactory,
-    **fed_avg_kwargs,
+    *,
+    client_weighting: Optional[
+        tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
+    model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
+    metrics_aggregator=None,
+    loop_implementation: tff.learning.LoopImplementation = _DEFAULT_LOOP,
 ) -> tff.learning.templates.LearningProcess:
-  """`build_weighted_fed_avg` with `aggregator` for the model updates."""
+  """`build_weighted_fed_avg` with `aggregator` for the model updates.
+
+  The keyword arguments are `build_weighted_fed_avg`'s. For a `model_fn` that builds
+  a `tff.learning.models.VariableModel`, `next` also runs on workers
+  (`tff_robust.distributed`) whatever the aggregator's passes (see the module
+  docstring); a `tff.learning.models.FunctionalModel` runs there only with an
+  aggregator TFF can merge as one computation.
+  """
   if server_optimizer_fn is None:
     server_optimizer_fn = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
-  return tff.learning.algorithms.build_weighted_fed_avg(
+  process = tff.learning.algorithms.build_weighted_fed_avg(
       model_fn,
       client_optimizer_fn=client_optimizer_fn,
       server_optimizer_fn=server_optimizer_fn,
       model_aggregator=aggregator,
-      **fed_avg_kwargs,
+      client_weighting=client_weighting,
+      model_distributor=model_distributor,
+      metrics_aggregator=metrics_aggregator,
+      loop_implementation=loop_implementation,
   )
+  if callable(model_fn):
+    passwise.register_equivalent(process.next, lambda: PasswiseLearningNext(
+        process, model_fn, client_optimizer_fn, server_optimizer_fn, aggregator,
+        client_weighting=client_weighting, model_distributor=model_distributor,
+        metrics_aggregator=metrics_aggregator,
+        loop_implementation=loop_implementation))
+  return process
+
+
+class PasswiseLearningNext:
+  """The `next` of a `build_weighted_fed_avg` process, as one computation for the
+  training, one per pass of the aggregator and one to finish (module docstring).
+
+  `PasswiseLearningNext(process, <the arguments process was built with>)(arg)` with
+  `arg = (state, client_data)` returns `process.next(state, client_data)`'s value.
+  Per-client values (updates, weights, unfinalized metrics) pass through the caller
+  between the computations, as the clients would keep them; the server-side code
+  sees their sums only.
+
+  Attributes:
+    computations_per_call: TFF computations one call invokes.
+  """
+
+  def __init__(self, process: tff.learning.templates.LearningProcess, model_fn,
+               client_optimizer_fn, server_optimizer_fn, aggregator, *,
+               client_weighting, model_distributor, metrics_aggregator,
+               loop_implementation):
+    state_type = process.next.type_signature.parameter[0].member
+    data_type = process.next.type_signature.parameter[1]
+    weights_type = state_type.global_model_weights
+    update_type = weights_type.trainable
+    if model_distributor is None:
+      model_distributor = tff.learning.templates.build_broadcast_process(weights_type)
+    if metrics_aggregator is None:
+      metrics_aggregator = tff.learning.metrics.sum_then_finalize
+    with tf.Graph().as_default():  # As TFF: no variables in the global graph.
+      metrics_aggregation_fn = metrics_aggregator(model_fn().metric_finalizers())
+    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
+        server_optimizer_fn, weights_type)
+
+    @tff.tensorflow.computation(state_type.client_work, weights_type, data_type.member)
+    def client_update(hparams, initial_weights, dataset):
+      update = model_delta_client_work.build_model_delta_update_with_tff_optimizer(
+          model_fn=model_fn, weighting=client_weighting,
+          loop_implementation=loop_implementation)
+      return update(client_optimizer_fn, initial_weights, dataset, hparams)
+
+    @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER), data_type)
+    def train(state, client_data):
+      # `build_model_delta_client_work`'s next up to its metrics' aggregation, which
+      # `finish` does: an aggregation here would make TFF's mergeable form train
+      # twice (its after-merge part recomputes the clients' values from the inputs).
+      distributed = model_distributor.next(state.distributor,
+                                           state.global_model_weights)
+      result, model_outputs = tff.federated_map(
+          client_update, (tff.federated_broadcast(state.client_work),
+                          distributed.result, client_data))
+      return collections.OrderedDict(
+          update=result.update, update_weight=result.update_weight,
+          model_outputs=model_outputs, distributor_state=distributed.state,
+          distributor_measurements=distributed.measurements)
+
+    trained = train.type_signature.result
+    fused_aggregator_type = process.next.type_signature.result.metrics.member
+    server = lambda t: tff.FederatedType(t, tff.SERVER)  # pylint: disable=g-long-lambda
+
+    @tff.federated_computation(
+        server(state_type), trained.model_outputs, trained.distributor_state,
+        trained.distributor_measurements, server(state_type.aggregator),
+        server(update_type), server(fused_aggregator_type.aggregator))
+    def finish(state, model_outputs, distributor_state, distributor_measurements,
+               aggregator_state, aggregate, aggregator_measurements):
+      # `tff.learning.templates.compose_learning_process`'s next after the
+      # aggregator, and the client work's metrics.
+      train_metrics = metrics_aggregation_fn(model_outputs)
+      finalized = finalizer.next(state.finalizer, state.global_model_weights,
+                                 aggregate)
+      new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+          finalized.result, distributor_state, state.client_work, aggregator_state,
+          finalized.state))
+      metrics = tff.federated_zip(collections.OrderedDict(
+          distributor=distributor_measurements,
+          client_work=tff.federated_zip(collections.OrderedDict(train=train_metrics)),
+          aggregator=aggregator_measurements,
+          finalizer=finalized.measurements))
+      return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+
+    if not finish.type_signature.result.is_equivalent_to(
+        process.next.type_signature.result):
+      raise TypeError(  # Only if TFF's composition changed under us.
+          'The pass-by-pass round returns '
+          f'{finish.type_signature.result}, the process '
+          f'{process.next.type_signature.result}.')
+    self._train = train
+    self._aggregation = passwise.PasswiseFactory(aggregator).create(
+        update_type, tff.TensorType(np.float32))
+    self._finish = finish
+    self.computations_per_call = 2 + self._aggregation.computations_per_call
+
+  def __call__(self, arg):
+    state, client_data = arg[0], arg[1]
+    trained = self._train(state, client_data)
+    aggregated = self._aggregation.next(
+        state.aggregator, trained['update'], trained['update_weight'])
+    return self._finish(state, trained['model_outputs'],
+                        trained['distributor_state'],
+                        trained['distributor_measurements'], aggregated.state,
+                        aggregated.result, aggregated.measurements)
