@@ -64,6 +64,7 @@ from tasks import registry
 from tasks.simulation import attacks
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import gathered
+from tasks.simulation import in_process as in_process_lib
 
 State = collections.OrderedDict
 ClientData = Union[Sequence[tf.data.Dataset], Callable[[str], tf.data.Dataset]]
@@ -137,7 +138,8 @@ class Round:
                                  tff.templates.AggregationProcess],
                server_update: Union[tff.learning.templates.FinalizerProcess,
                                     tff.learning.optimizers.Optimizer, None] = None,
-               *, model_weights_type: Optional[tff.Type] = None):
+               *, model_weights_type: Optional[tff.Type] = None,
+               in_process: bool = True):
     """Args:
       client_work: A `tff.learning.templates.ClientWorkProcess` (e.g.
         `tff.learning.templates.build_model_delta_client_work(model_fn, optimizer,
@@ -152,6 +154,11 @@ class Round:
         applied to the aggregate as a gradient (TFF's
         `build_apply_optimizer_finalizer`); default SGD with learning rate 1
         (FedAvg's: the model moves by the aggregate).
+      in_process: Run the aggregator and the server update in this process, on the
+        values held here (`tasks.simulation.in_process`, and
+        `tasks.simulation.gathered` for a gathering baseline): the same results as
+        TFF's runtime, without sending the round's updates into it. False: call
+        their TFF processes (the reference).
       model_weights_type: The model's `ModelWeights` type
         (`tff.learning.models.weights_type_from_model(model_fn)`); default the
         client work process's. Needed with a variant of
@@ -175,7 +182,8 @@ class Round:
     if isinstance(aggregator, tff.templates.AggregationProcess):
       self.aggregation = aggregator
       self._weighted = len(aggregator.next.type_signature.parameter) == 3
-      self.aggregate = aggregator.next
+      self.aggregate = ((in_process and self._weighted and
+                         in_process_lib.aggregation(aggregator)) or aggregator.next)
     elif callable(getattr(aggregator, 'create', None)):
       self._factory = aggregator
       self._weighted = not (
@@ -186,9 +194,10 @@ class Round:
                           if self._weighted else aggregator.create(value_type))
       # A gathering baseline runs its server step on the updates held here
       # (`tasks.simulation.gathered`): O(n·p) memory instead of TFF's ~8 copies.
-      self.aggregate = ((self._weighted and
-                         gathered.in_process_aggregation(aggregator, value_type))
-                        or self.aggregation.next)
+      self.aggregate = (
+          (in_process and self._weighted and
+           (gathered.in_process_aggregation(aggregator, value_type) or
+            in_process_lib.aggregation(self.aggregation))) or self.aggregation.next)
     else:
       raise TypeError('aggregator must be an aggregation factory (e.g. '
                       'tff_robust.GeometricMedianFactory()) or a '
@@ -204,6 +213,8 @@ class Round:
                       'or a tff.learning.optimizers.Optimizer, got '
                       f'{type(server_update).__name__}.')
     self.server_update = server_update
+    self._server_next = ((in_process and in_process_lib.process_next(server_update))
+                         or server_update.next)
 
   def initialize(self, initial_model_weights: tff.learning.models.ModelWeights
                  ) -> State:
@@ -299,8 +310,7 @@ class Round:
                                  [np.float32(w) for w in trained.weights])
     else:
       aggregate = self.aggregate(state['aggregator'], updates)
-    applied = self.server_update.next(state['server_optimizer'], weights,
-                                      aggregate.result)
+    applied = self._server_next(state['server_optimizer'], weights, aggregate.result)
 
     new_state = State(model=State(trainable=list(applied.result.trainable),
                                   non_trainable=list(applied.result.non_trainable)))
