@@ -49,6 +49,7 @@ from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
 from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.core.impl.utils import tensorflow_utils
+from tensorflow_federated.python.tensorflow_libs import graph_utils
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
 
 # The intrinsics TFF's native compiler leaves for its runtime in the computations of
@@ -423,6 +424,8 @@ def _embedded(block: building_blocks.CompiledComputation) -> Callable:
     input_map = dict(zip(inputs, args))
     if token:
       input_map[token] = tf.constant('in_process')
+    # Control edges on an input (`^arg`) follow its replacement, as in TFF.
+    input_map = graph_utils.add_control_dep_mappings(input_map)
     return tf.graph_util.import_graph_def(graph_def, input_map=input_map,
                                          return_elements=outputs)
 
