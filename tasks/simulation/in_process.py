@@ -36,6 +36,7 @@ The process a user deploys is untouched: this is the simulation's way of calling
 """
 
 import collections
+import hashlib
 import itertools
 from typing import Any, Callable, Optional
 
@@ -47,6 +48,7 @@ from tensorflow_federated.python.common_libs import structure
 from tensorflow_federated.python.core.backends.native import compiler
 from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
+from tensorflow_federated.python.core.impl.computation import computation_impl
 from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.core.impl.utils import tensorflow_utils
 from tensorflow_federated.python.tensorflow_libs import graph_utils
@@ -66,6 +68,9 @@ SUPPORTED_INTRINSICS = frozenset([
 # the same graph): a sweep builds the same aggregator for run after run.
 _EMBEDDED_FUNCTIONS: dict = {}
 _MAX_EMBEDDED_FUNCTIONS = 4096
+# Compiled forms by `_canonical_key` of their computation.
+_COMPILED: dict = {}
+_MAX_COMPILED = 256
 
 
 class UnsupportedComputationError(ValueError):
@@ -88,9 +93,18 @@ class InProcessComputation:
         block this module does not implement.
     """
     self.type_signature = computation.type_signature
-    native = compiler.desugar_and_transform_to_native(computation)
-    self._block = native.to_building_block()
-    _check_supported(self._block)
+    # A sweep builds the same aggregator run after run: equal computations (up to
+    # the names TensorFlow numbers its traced functions with) share one compiled form
+    # and its embedded functions.
+    key = _canonical_key(computation)
+    if key not in _COMPILED:
+      if len(_COMPILED) >= _MAX_COMPILED:
+        _COMPILED.clear()
+      native = compiler.desugar_and_transform_to_native(computation)
+      block = native.to_building_block()
+      _check_supported(block)
+      _COMPILED[key] = block
+    self._block = _COMPILED[key]
     self._functions = _EMBEDDED_FUNCTIONS
 
   def __call__(self, *args, **kwargs):
@@ -155,6 +169,69 @@ def aggregation(process: tff.templates.AggregationProcess
     return computation(state, values, weights)
 
   return aggregate
+
+
+def _canonical_key(computation) -> str:
+  """A digest of `computation` that is equal for equal computations: its proto with
+  the functions of every TensorFlow graph renamed in the order they are first
+  referenced (TensorFlow numbers traced functions with a process-wide counter, so
+  tracing the same factory twice differs only there)."""
+  # A copy: the building block's protos are the computation's own.
+  proto = type(computation_impl.ConcreteComputation.get_proto(computation))()
+  proto.CopyFrom(computation_impl.ConcreteComputation.get_proto(computation))
+  block = building_blocks.ComputationBuildingBlock.from_proto(proto)
+  digest = hashlib.sha256()
+
+  def visit(node):
+    if isinstance(node, building_blocks.CompiledComputation):
+      graph = node.proto.tensorflow.graph_def
+      graph.value = _canonical_graph_def(
+          serialization_utils.unpack_graph_def(graph)).SerializeToString(
+              deterministic=True)
+
+  tree_analysis.visit_postorder(block, visit)
+  digest.update(block.proto.SerializeToString(deterministic=True))
+  return digest.hexdigest()
+
+
+def _canonical_graph_def(graph_def):
+  """`graph_def` with its library's functions named F0, F1, ... in the order the
+  graph's nodes (then those functions' nodes) first reference them, and sorted."""
+  names = {f.signature.name: f for f in graph_def.library.function}
+  order = []
+
+  def note_attr(attr):
+    kind = attr.WhichOneof('value')
+    funcs = ([attr.func] if kind == 'func' else
+             list(attr.list.func) if kind == 'list' else [])
+    for func in funcs:
+      note(func.name)
+      for value in func.attr.values():
+        note_attr(value)
+
+  def note(name):
+    if name in names and name not in order:
+      order.append(name)
+
+  def note_nodes(nodes):
+    for node in nodes:
+      note(node.op)
+      for key in sorted(node.attr):
+        note_attr(node.attr[key])
+
+  note_nodes(graph_def.node)
+  index = 0
+  while index < len(order):
+    note_nodes(names[order[index]].node_def)
+    index += 1
+  for name in sorted(names):  # Unreferenced ones last, by name.
+    note(name)
+  renamed = {name: f'F{i}' for i, name in enumerate(order)}
+  graph_def = _renamed_functions(graph_def, renamed)
+  functions = sorted(graph_def.library.function, key=lambda f: f.signature.name)
+  del graph_def.library.function[:]
+  graph_def.library.function.extend(functions)
+  return graph_def
 
 
 def _check_supported(block) -> None:
@@ -459,14 +536,16 @@ def _embedded(block: building_blocks.CompiledComputation) -> Callable:
 _EMBEDDED = itertools.count()
 
 
-def _renamed_functions(graph_def, suffix: str):
-  """`graph_def` with every function of its library renamed with `suffix` (and every
-  reference to one): this process's function library may hold another function of
-  the same name (TFF's tracing of the same model here), which TensorFlow refuses."""
+def _renamed_functions(graph_def, rename):
+  """`graph_def` with every function of its library renamed (and every reference to
+  one): `rename` a suffix to append, or a dict old name → new name."""
   graph_def = type(graph_def).FromString(graph_def.SerializeToString())
   names = {f.signature.name for f in graph_def.library.function}
   if not names:
     return graph_def
+  if isinstance(rename, str):
+    suffix = rename
+    rename = {name: name + suffix for name in names}
 
   def rename_attr(attr):
     kind = attr.WhichOneof('value')
@@ -478,28 +557,28 @@ def _renamed_functions(graph_def, suffix: str):
 
   def rename_func(func):
     if func.name in names:
-      func.name += suffix
+      func.name = rename[func.name]
     for value in func.attr.values():
       rename_attr(value)
 
   def rename_nodes(nodes):
     for node in nodes:
       if node.op in names:
-        node.op += suffix
+        node.op = rename[node.op]
       for value in node.attr.values():
         rename_attr(value)
 
   rename_nodes(graph_def.node)
   for function in graph_def.library.function:
-    function.signature.name += suffix
+    function.signature.name = rename[function.signature.name]
     rename_nodes(function.node_def)
     for value in function.attr.values():
       rename_attr(value)
   for gradient in graph_def.library.gradient:
     if gradient.function_name in names:
-      gradient.function_name += suffix
+      gradient.function_name = rename[gradient.function_name]
     if gradient.gradient_func in names:
-      gradient.gradient_func += suffix
+      gradient.gradient_func = rename[gradient.gradient_func]
   return graph_def
 
 
