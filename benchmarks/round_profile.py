@@ -105,11 +105,12 @@ class _TimedProcess:
 
 def install(timer: PhaseTimer) -> None:
   """Wraps the phases of the simulation harness with `timer`."""
-  sweep._train_run = timer.timed('setup', sweep._train_run)  # pylint: disable=protected-access
-  experiment._train = timer.timed('other', experiment._train)  # pylint: disable=protected-access
-  experiment._run = timer.timed('metrics + checkpoints', experiment._run)  # pylint: disable=protected-access
-  experiment._write_identity_beside = timer.timed(  # pylint: disable=protected-access
-      'metrics + checkpoints', experiment._write_identity_beside)  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  sweep._train_run = timer.timed('setup', sweep._train_run)
+  experiment._train = timer.timed('other', experiment._train)
+  experiment._run = timer.timed('metrics + checkpoints', experiment._run)
+  experiment._write_identity_beside = timer.timed(
+      'metrics + checkpoints', experiment._write_identity_beside)
   loop.Simulation.evaluate = timer.timed('evaluation', loop.Simulation.evaluate)
 
   original_round = loop.Simulation.run_round
@@ -136,7 +137,7 @@ def install(timer: PhaseTimer) -> None:
     original_init(self, *args, **kwargs)
     self.aggregate = timer.timed('aggregation', self.aggregate)
     if hasattr(self, '_server_next'):  # The server update, in process or not.
-      self._server_next = timer.timed('server update', self._server_next)  # pylint: disable=protected-access
+      self._server_next = timer.timed('server update', self._server_next)
     else:  # Before the in-process path (the revision profiled as "before").
       self.server_update = _TimedProcess(self.server_update, timer, 'server update')
 

@@ -33,7 +33,8 @@ import tff_robust
 from tff_robust import distributed
 from tff_robust import runtime
 from tensorflow_federated.python.core.backends.native import compiler
-from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
+from tensorflow_federated.python.core.environments.tensorflow_frontend import (
+    tensorflow_computation)
 
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 50, 'Clients per round.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per process.')

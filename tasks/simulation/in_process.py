@@ -26,9 +26,13 @@ TensorFlow reductions) and evaluates the compiled form with the runtime's semant
     (datasets are passed as datasets, never serialized).
 
 Results, states and measurements equal the federated call's bit for bit in every case
-tested (tests/tasks/simulation/test_in_process.py: every aggregator of the registry,
-the client works and the server update of each bundled task); the federated process
-stays the reference. A computation that uses anything else (an intrinsic this module
+tested (tests/tasks/simulation/test_in_process.py: every aggregator of the registry
+and the wrappers, one round of each bundled task with its server update); the
+federated process stays the reference. The client work is not run here: its local
+training, evaluated this way, differs from the runtime's in the last bit (this
+process's TensorFlow kernels are not the worker's), and it keeps TFF's runtime.
+
+A computation that uses anything else (an intrinsic this module
 does not know, e.g. a secure sum or `federated_select`) is refused when built
 (`UnsupportedComputationError`), and the caller keeps TFF's runtime for it.
 
@@ -250,7 +254,8 @@ def _check_supported(block) -> None:
   tree_analysis.visit_postorder(block, visit)
   if problems:
     raise UnsupportedComputationError(
-        f'Not run in process: the compiled computation uses {", ".join(sorted(problems))}.')
+        'Not run in process: the compiled computation uses '
+        f'{", ".join(sorted(problems))}.')
 
 
 def _packed_arguments(parameter: tff.Type, args, kwargs):
@@ -284,7 +289,8 @@ def _num_clients(argument, parameter) -> Optional[int]:
   if parameter is not None:
     visit(argument, parameter)
   if len(counts) > 1:
-    raise ValueError(f'CLIENTS-placed arguments of different lengths: {sorted(counts)}.')
+    raise ValueError('CLIENTS-placed arguments of different lengths: '
+                     f'{sorted(counts)}.')
   return counts.pop() if counts else None
 
 

@@ -34,15 +34,17 @@ attack between 1 and 2):
    momentum);
 2. the update attack replaces the updates of the clients marked corrupted, in numpy
    (`tasks.simulation.attacks`; a data attack instead poisons the datasets you pass);
-3. the aggregator's `AggregationProcess.next(state, updates, weights)` runs on them
-   (for a gathering baseline of `tasks.registry`, its server step on the updates held
-   here, with the same result: `tasks.simulation.gathered`); before it, an
+3. the aggregator's `AggregationProcess.next(state, updates, weights)` runs on them,
+   in this process with the runtime's results (`tasks.simulation.in_process`; for a
+   gathering baseline of `tasks.registry`, its server step:
+   `tasks.simulation.gathered`); before it, an
    aggregator with a condition on its number of clients (Krum's n > 2f + 2) is asked
    whether the round's finite updates meet it (`NonFiniteUpdatesError`, a
    `ValueError` for too few clients at all);
 4. the server update (a `tff.learning.templates.FinalizerProcess`; TFF's
    `build_apply_optimizer_finalizer` of a server optimizer by default) applies the
-   aggregate to the model, rejecting a non-finite one as FedAvg does.
+   aggregate to the model, rejecting a non-finite one as FedAvg does (in this
+   process too; `Round(..., in_process=False)` calls both through TFF's runtime).
 
 The state is a checkpointable nested `OrderedDict` of numpy values,
 `OrderedDict(model=OrderedDict(trainable=[...], non_trainable=[...]),
