@@ -130,7 +130,10 @@ class InProcessComputation:
 def process_next(process) -> Optional[Callable[..., Any]]:
   """`process.next` of a TFF process run in this process (`InProcessComputation`),
   returning what it returns (a `MeasuredProcessOutput` for a measured process), or
-  None when its computation needs TFF's runtime."""
+  None when its computation needs TFF's runtime or `next` is not one TFF
+  computation (a Python driver, e.g. `tff_robust.passwise`'s)."""
+  if not isinstance(process.next, computation_impl.ConcreteComputation):
+    return None  # Python driving TFF computations (e.g. pass by pass, on workers).
   try:
     computation = InProcessComputation(process.next)
   except UnsupportedComputationError:

@@ -15,6 +15,7 @@ from tasks import registry
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import in_process
 from tasks.simulation import rounds
+from tff_robust import passwise
 
 # The simulation's value type: the model's trainable variables as a list.
 _VALUE_TYPE = tff.types.to_type([tff.TensorType(np.float32, [3, 2]),
@@ -92,6 +93,14 @@ class AggregationTest(parameterized.TestCase):
     updates, weights = _clients('random', 0)
     aggregate(process.initialize(), updates, list(weights))
     self.assertEqual(updates, [])
+
+  def test_leaves_a_python_driven_process_to_its_driver(self):
+    # Pass by pass (e.g. on workers, `tasks.simulation.distributed`): not one TFF
+    # computation, so it runs as its driver says.
+    process = passwise.PasswiseFactory(registry.aggregator_from_name('gm')).create(
+        _VALUE_TYPE, _WEIGHT_TYPE)
+    self.assertIsNone(in_process.process_next(process))
+    self.assertIsNone(in_process.aggregation(process))
 
   def test_refuses_an_intrinsic_it_does_not_know(self):
     # A secure sum: the in-process path says so and the caller keeps TFF's runtime.
