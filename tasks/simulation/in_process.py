@@ -106,8 +106,13 @@ class InProcessComputation:
         _COMPILED.clear()
       native = compiler.desugar_and_transform_to_native(computation)
       block = native.to_building_block()
-      _check_supported(block)
+      try:
+        _check_supported(block)
+      except UnsupportedComputationError as e:
+        block = e  # Refused again at once, without compiling.
       _COMPILED[key] = block
+    if isinstance(_COMPILED[key], UnsupportedComputationError):
+      raise _COMPILED[key]
     self._block = _COMPILED[key]
     self._functions = _EMBEDDED_FUNCTIONS
 
