@@ -12,7 +12,11 @@ two paths (`--paths`):
               arrays in Python, as the attacks leave them, and the round aggregates
               them the way the loop does: a gathering baseline runs its server step
               in this process (`tasks.simulation.gathered`), any other aggregator's
-              process receives them through TFF's worker.
+              process runs here too (`tasks.simulation.in_process`: TFF's compiled
+              form evaluated on the held updates, with the runtime's results).
+  simulation_tff  the simulation's path before `tasks.simulation.in_process`: a
+              non-gathering aggregator's process receives the held updates through
+              TFF's worker.
 
 Every aggregator runs in its own Python subprocess (a clean peak), which
 starts its own `worker_binary`. Peak memory is VmHWM (peak resident set) of the Python
@@ -59,6 +63,7 @@ from tasks import registry
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import gathered
+from tasks.simulation import in_process
 from tasks.simulation import leaderboard
 from tff_robust.distributed import runtime
 
@@ -81,11 +86,12 @@ flag_groups.define_byzantine_fraction_flag()
 _ONE = flags.DEFINE_string(
     'one', None, 'Measure this one aggregator (or "generate_only") in this process and '
     'print one JSON line.')
-WORKER, SIMULATION = 'worker', 'simulation'
+WORKER, SIMULATION, SIMULATION_TFF = 'worker', 'simulation', 'simulation_tff'
 _PATHS = flags.DEFINE_list(
     'paths', [WORKER], f'"{WORKER}" (updates made in the TFF worker, the process '
     f'as deployed) and/or "{SIMULATION}" (updates held in Python, aggregated as the '
-    'simulation loop does); with --one, the first.')
+    f'simulation loop does) and/or "{SIMULATION_TFF}" (the same, the process called '
+    'through TFF\'s worker as the loop did before); with --one, the first.')
 
 GENERATE_ONLY = 'generate_only'
 flag_groups.validate_aggregator_names('aggregators')
@@ -184,8 +190,9 @@ def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
       computation = aggregation_from_seeds(process, num_parameters)
       call = lambda client_seeds: computation(state, client_seeds)
     else:
-      aggregate = (gathered.in_process_aggregation(factory, value_type) or
-                   process.next)
+      aggregate = (process.next if path == SIMULATION_TFF else
+                   gathered.in_process_aggregation(factory, value_type) or
+                   in_process.aggregation(process) or process.next)
       call = lambda updates_and_weights: aggregate(state, *updates_and_weights)
   call(inputs())  # The measured aggregation when num_calls is 0; else untimed (tracing).
   seconds = []
@@ -234,9 +241,10 @@ def _peak(result):
 def main(argv):
   del argv
   paths = _PATHS.value
-  unknown = sorted(set(paths) - {WORKER, SIMULATION})
+  unknown = sorted(set(paths) - {WORKER, SIMULATION, SIMULATION_TFF})
   if unknown or not paths:
-    raise app.UsageError(f'--paths takes {WORKER} and/or {SIMULATION}, got '
+    raise app.UsageError(f'--paths takes {WORKER}, {SIMULATION} or {SIMULATION_TFF}, '
+                         f'got '
                          f'{",".join(paths) or "nothing"}.')
   if _ONE.value:
     with runtime.worker_binaries_stopped():

@@ -15,9 +15,10 @@ can reach the per-client updates; public, for any TFF learning setup):
    update and one weight per client.
 2. An update attack replaces the corrupted clients' updates in numpy
    (`tasks.simulation.attacks`); a data attack instead poisoned their data in step 1.
-3. The aggregator's `AggregationProcess.next(state, updates, weights)` runs (for a
-   gathering baseline, its server step on the updates held here, with the same
-   result: `tasks.simulation.gathered`).
+3. The aggregator's `AggregationProcess.next(state, updates, weights)` runs, in this
+   process on the updates held here, with the runtime's results
+   (`tasks.simulation.in_process`; for a gathering baseline its server step:
+   `tasks.simulation.gathered`).
 4. TFF's `build_apply_optimizer_finalizer` applies the aggregate with the server
    optimizer (it rejects a non-finite aggregate, as in FedAvg).
 

@@ -34,15 +34,17 @@ attack between 1 and 2):
    momentum);
 2. the update attack replaces the updates of the clients marked corrupted, in numpy
    (`tasks.simulation.attacks`; a data attack instead poisons the datasets you pass);
-3. the aggregator's `AggregationProcess.next(state, updates, weights)` runs on them
-   (for a gathering baseline of `tasks.registry`, its server step on the updates held
-   here, with the same result: `tasks.simulation.gathered`); before it, an
+3. the aggregator's `AggregationProcess.next(state, updates, weights)` runs on them,
+   in this process with the runtime's results (`tasks.simulation.in_process`; for a
+   gathering baseline of `tasks.registry`, its server step:
+   `tasks.simulation.gathered`); before it, an
    aggregator with a condition on its number of clients (Krum's n > 2f + 2) is asked
    whether the round's finite updates meet it (`NonFiniteUpdatesError`, a
    `ValueError` for too few clients at all);
 4. the server update (a `tff.learning.templates.FinalizerProcess`; TFF's
    `build_apply_optimizer_finalizer` of a server optimizer by default) applies the
-   aggregate to the model, rejecting a non-finite one as FedAvg does.
+   aggregate to the model, rejecting a non-finite one as FedAvg does (in this
+   process too; `Round(..., in_process=False)` calls both through TFF's runtime).
 
 The state is a checkpointable nested `OrderedDict` of numpy values,
 `OrderedDict(model=OrderedDict(trainable=[...], non_trainable=[...]),
@@ -64,6 +66,7 @@ from tasks import registry
 from tasks.simulation import attacks
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import gathered
+from tasks.simulation import in_process as in_process_lib
 
 State = collections.OrderedDict
 ClientData = Union[Sequence[tf.data.Dataset], Callable[[str], tf.data.Dataset]]
@@ -137,7 +140,8 @@ class Round:
                                  tff.templates.AggregationProcess],
                server_update: Union[tff.learning.templates.FinalizerProcess,
                                     tff.learning.optimizers.Optimizer, None] = None,
-               *, model_weights_type: Optional[tff.Type] = None):
+               *, model_weights_type: Optional[tff.Type] = None,
+               in_process: bool = True):
     """Args:
       client_work: A `tff.learning.templates.ClientWorkProcess` (e.g.
         `tff.learning.templates.build_model_delta_client_work(model_fn, optimizer,
@@ -152,6 +156,11 @@ class Round:
         applied to the aggregate as a gradient (TFF's
         `build_apply_optimizer_finalizer`); default SGD with learning rate 1
         (FedAvg's: the model moves by the aggregate).
+      in_process: Run the aggregator and the server update in this process, on the
+        values held here (`tasks.simulation.in_process`, and
+        `tasks.simulation.gathered` for a gathering baseline): the same results as
+        TFF's runtime, without sending the round's updates into it. False: call
+        their TFF processes (the reference).
       model_weights_type: The model's `ModelWeights` type
         (`tff.learning.models.weights_type_from_model(model_fn)`); default the
         client work process's. Needed with a variant of
@@ -175,7 +184,8 @@ class Round:
     if isinstance(aggregator, tff.templates.AggregationProcess):
       self.aggregation = aggregator
       self._weighted = len(aggregator.next.type_signature.parameter) == 3
-      self.aggregate = aggregator.next
+      self.aggregate = ((in_process and self._weighted and
+                         in_process_lib.aggregation(aggregator)) or aggregator.next)
     elif callable(getattr(aggregator, 'create', None)):
       self._factory = aggregator
       self._weighted = not (
@@ -186,9 +196,10 @@ class Round:
                           if self._weighted else aggregator.create(value_type))
       # A gathering baseline runs its server step on the updates held here
       # (`tasks.simulation.gathered`): O(n·p) memory instead of TFF's ~8 copies.
-      self.aggregate = ((self._weighted and
-                         gathered.in_process_aggregation(aggregator, value_type))
-                        or self.aggregation.next)
+      self.aggregate = (
+          (in_process and self._weighted and
+           (gathered.in_process_aggregation(aggregator, value_type) or
+            in_process_lib.aggregation(self.aggregation))) or self.aggregation.next)
     else:
       raise TypeError('aggregator must be an aggregation factory (e.g. '
                       'tff_robust.GeometricMedianFactory()) or a '
@@ -204,6 +215,8 @@ class Round:
                       'or a tff.learning.optimizers.Optimizer, got '
                       f'{type(server_update).__name__}.')
     self.server_update = server_update
+    self._server_next = ((in_process and in_process_lib.process_next(server_update))
+                         or server_update.next)
 
   def initialize(self, initial_model_weights: tff.learning.models.ModelWeights
                  ) -> State:
@@ -299,8 +312,7 @@ class Round:
                                  [np.float32(w) for w in trained.weights])
     else:
       aggregate = self.aggregate(state['aggregator'], updates)
-    applied = self.server_update.next(state['server_optimizer'], weights,
-                                      aggregate.result)
+    applied = self._server_next(state['server_optimizer'], weights, aggregate.result)
 
     new_state = State(model=State(trainable=list(applied.result.trainable),
                                   non_trainable=list(applied.result.non_trainable)))

@@ -121,7 +121,7 @@ class InProcessAggregationTest(parameterized.TestCase):
     self.assertEqual([ref() for ref in leaves], [None] * len(leaves))
     _assert_same(self, expected.result, actual.result)
 
-  @parameterized.parameters(('median', True), ('bucketing+krum', True), ('gm', False))
+  @parameterized.parameters(('median', True), ('bucketing+krum', True), ('gm', True))
   def test_the_simulation_takes_the_shortcut(self, name, expected):
     task = builders.build_task('emnist', 'linear', source='synthetic',
                                client_spec=builders.ClientSpec(1, 10))

@@ -1,0 +1,93 @@
+r"""The simulation's in-process geometric median against plain numpy and the memory
+bandwidth, on one round of n clients × p float32 parameters, in one run.
+
+*   in process: `tasks.simulation.in_process.aggregation` of RFA's federated process
+    (`tff_robust.GeometricMedianFactory`, R = 3 passes from zero, the paper's absolute
+    ν = 1e-6, every pass applied), the simulation's path for it;
+*   numpy: the same three smoothed Weiszfeld passes written plainly
+    (`β_i = α_i / max(ν, ‖x_i − z‖)`, `z ← Σ β_i x_i / Σ β_i`), as a popular torch
+    library writes them, on the `[n, p]` matrix;
+*   one read: `np.add.reduce(matrix, axis=0)`, one pass reading the matrix: the
+    memory bandwidth's bound per pass over the data. Three Weiszfeld passes need at
+    least three reads (each pass's weights need the distances to the previous
+    estimate, then the weighted sum reads the matrix again unless fused: six reads as
+    written).
+
+Calls are interleaved (in process, numpy, read; repeated) and the medians printed,
+with the ratios and the largest relative difference between the two medians.
+
+  .venv/bin/python -m benchmarks.gm_in_process --clients=50 --parameters=1000000
+"""
+
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow_federated as tff
+
+from tasks.simulation import in_process
+import tff_robust
+
+_CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients n.', lower_bound=1)
+_PARAMETERS = flags.DEFINE_integer('parameters', 1_000_000, 'Parameters p.',
+                                   lower_bound=1)
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed calls of each.', lower_bound=1)
+_PASSES = 3
+_NU = 1e-6
+
+
+def numpy_weiszfeld(matrix: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+  """R smoothed Weiszfeld passes from zero, plainly in numpy (float32 matrix, float64
+  weights, as the federated version's scalars)."""
+  estimate = np.zeros(matrix.shape[1], np.float32)
+  for _ in range(_PASSES):
+    distances = np.linalg.norm(matrix - estimate, axis=1).astype(np.float64)
+    beta = alpha / np.maximum(_NU, distances)
+    estimate = ((beta / beta.sum()).astype(np.float32) @ matrix)
+  return estimate
+
+
+def main(argv):
+  del argv
+  n, p = _CLIENTS.value, _PARAMETERS.value
+  rng = np.random.default_rng(0)
+  matrix = rng.normal(size=(n, p)).astype(np.float32)
+  alpha = rng.integers(10, 60, size=n).astype(np.float64)
+  factory = tff_robust.GeometricMedianFactory(
+      num_communication_passes=_PASSES, nu=_NU, initial_point='zero', tolerance=0.0)
+  process = factory.create(tff.TensorType(np.float32, [p]), tff.TensorType(np.float32))
+  aggregate = in_process.aggregation(process)
+  state = process.initialize()
+  weights = [np.float32(a) for a in alpha]
+
+  def run_in_process():
+    return aggregate(state, [row for row in matrix], weights).result
+
+  timings = {'in process': [], 'numpy': [], 'one read': []}
+  results = {}
+  run_in_process()  # Embeds the computation's TensorFlow graphs (untimed).
+  for _ in range(_REPEATS.value):
+    for name, call in (('in process', run_in_process),
+                       ('numpy', lambda: numpy_weiszfeld(matrix, alpha)),
+                       ('one read', lambda: np.add.reduce(matrix, axis=0))):
+      start = time.perf_counter()
+      results[name] = call()
+      timings[name].append(time.perf_counter() - start)
+  median = {name: float(np.median(t)) for name, t in timings.items()}
+  difference = np.max(np.abs(results['in process'] - results['numpy'])) / np.max(
+      np.abs(results['numpy']))
+  print(f'{n} clients × {p:,} float32 ({matrix.nbytes / 2**20:.0f} MiB), '
+        f'{_PASSES} passes, median of {_REPEATS.value} interleaved calls:')
+  print(f'  in process (RFA\'s federated process here)  {median["in process"]:.3f} s')
+  print(f'  numpy Weiszfeld                              {median["numpy"]:.3f} s')
+  print(f'  one read of the matrix                       {median["one read"]:.3f} s')
+  print(f'in process / numpy: {median["in process"] / median["numpy"]:.2f}; '
+        f'in process / one read: {median["in process"] / median["one read"]:.1f} '
+        f'(the bound for {_PASSES} passes is {_PASSES} reads: '
+        f'{median["in process"] / (_PASSES * median["one read"]):.1f}× it); '
+        f'largest relative difference of the results {difference:.1e}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,79 @@
+r"""The main job's wall time at two revisions, side by side, and whether their tables
+agree to the printed digit.
+
+Runs `python -m tasks.binaries.main_job` (its defaults, each into a fresh temporary
+directory) alternately from a checkout of another revision (`--baseline`, e.g. a
+`git worktree` of the commit to compare against, with its own `.venv` link) and from
+this one, `--repeats` times each (baseline first in odd pairs, this checkout first
+in even ones), so that load from anything else on the machine hits both alike. Prints
+each run's minutes, the ratio of the totals, and the tables of both (the page without
+its timing header) with whether they are identical.
+
+  git worktree add --detach /tmp/main_job_base <commit>
+  ln -s $PWD/.venv /tmp/main_job_base/.venv
+  .venv/bin/python -m benchmarks.main_job_time --baseline=/tmp/main_job_base
+
+Extra arguments after `--` go to both main jobs (e.g. `-- --aggregators=gm,mean` for
+a shorter comparison).
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+_BASELINE = flags.DEFINE_string('baseline', None, 'Checkout of the revision to compare '
+                                'against (its .venv/bin/python runs its main job).')
+_REPEATS = flags.DEFINE_integer('repeats', 1, 'Runs of each revision.', lower_bound=1)
+flags.mark_flag_as_required('baseline')
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main_job(checkout: str, extra_args, scratch: str) -> tuple[float, str]:
+  """(seconds, the page without its timing header) of one main job in `checkout`."""
+  output_dir = tempfile.mkdtemp(dir=scratch)
+  log_path = os.path.join(output_dir, 'log.txt')
+  start = time.perf_counter()
+  # Output into a file: TFF's worker_binary keeps the pipes it inherits open.
+  with open(log_path, 'w') as log:
+    subprocess.run(
+        [os.path.join(checkout, '.venv', 'bin', 'python'), '-m',
+         'tasks.binaries.main_job', f'--output_dir={output_dir}', '--progress=false',
+         *extra_args], cwd=checkout, stdout=log, stderr=subprocess.STDOUT, check=True)
+  seconds = time.perf_counter() - start
+  with open(os.path.join(output_dir, 'main_job.md')) as f:
+    page = f.read()
+  return seconds, page.split('-->', 1)[1].strip()
+
+
+def main(argv):
+  extra_args = argv[1:]
+  checkouts = {'baseline': os.path.abspath(_BASELINE.value), 'this': _HERE}
+  seconds = {name: [] for name in checkouts}
+  pages = {}
+  with tempfile.TemporaryDirectory() as scratch:
+    for repeat in range(_REPEATS.value):
+      order = ['baseline', 'this'] if repeat % 2 == 0 else ['this', 'baseline']
+      for name in order:
+        elapsed, pages[name] = run_main_job(checkouts[name], extra_args, scratch)
+        seconds[name].append(elapsed)
+        print(f'{name:8s} run {repeat + 1}: {elapsed / 60:.2f} min', flush=True)
+  total = {name: sum(times) for name, times in seconds.items()}
+  print(f'\nthis / baseline: {total["this"] / total["baseline"]:.3f} '
+        f'({total["this"] / 60:.2f} min vs {total["baseline"] / 60:.2f} min over '
+        f'{_REPEATS.value} run(s) each)')
+  same = pages['baseline'] == pages['this']
+  print(f'Tables identical: {same}\n')
+  print(pages['this'] if same else
+        f'baseline:\n{pages["baseline"]}\n\nthis:\n{pages["this"]}')
+  if not same:
+    sys.exit(1)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,620 @@
+"""The simulation's TFF computations run in this process, on the values it holds.
+
+A simulation calls TFF computations (the client work, the aggregator, the server
+update) with values it holds in Python: the round's client datasets, the clients'
+updates after an attack. TFF 0.87 runs every call in its C++ runtime, a separate
+`worker_binary` process: each call serializes the computation, every client's
+dataset (as a graph) and every value into protocol buffers, sends them over gRPC and
+reads the results back, and the runtime keeps every intermediate value of a call
+until it ends. For the main job's linear model that is nearly all of a round's time,
+and for a 6.4M-parameter model the simulated mean's 22.7 GB.
+
+`InProcessComputation` runs the same computation here instead: it compiles it as TFF
+does for its runtime (`desugar_and_transform_to_native`: the same TensorFlow graphs,
+the same lowering of every federated intrinsic to `federated_aggregate` with
+TensorFlow reductions) and evaluates the compiled form with the runtime's semantics:
+
+*   a CLIENTS value is a Python list with one value per client, in order; a SERVER
+    value is the value itself;
+*   `federated_map`/`federated_apply` call the function per client (or once),
+    `federated_broadcast` repeats the server value, the zips zip;
+*   `federated_aggregate(value, zero, accumulate, merge, report)` folds the clients in
+    order, `report(accumulate(...accumulate(zero, v_1)..., v_n))`, as the runtime's
+    single executor does (`merge` is never needed here);
+*   every TensorFlow computation of the compiled form runs as an eager function of
+    its graph (`tf.compat.v1.wrap_function`), on the clients' tensors as they are
+    (datasets are passed as datasets, never serialized).
+
+Results, states and measurements equal the federated call's bit for bit in every case
+tested (tests/tasks/simulation/test_in_process.py: every aggregator of the registry
+and the wrappers, one round of each bundled task with its server update); the
+federated process stays the reference. The client work is not run here: its local
+training, evaluated this way, differs from the runtime's in the last bit (this
+process's TensorFlow kernels are not the worker's), and it keeps TFF's runtime.
+
+A computation that uses anything else (an intrinsic this module
+does not know, e.g. a secure sum or `federated_select`) is refused when built
+(`UnsupportedComputationError`), and the caller keeps TFF's runtime for it.
+
+The process a user deploys is untouched: this is the simulation's way of calling it.
+"""
+
+import collections
+import hashlib
+import itertools
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.backends.native import compiler
+from tensorflow_federated.python.core.impl.compiler import building_blocks
+from tensorflow_federated.python.core.impl.compiler import tree_analysis
+from tensorflow_federated.python.core.impl.computation import computation_impl
+from tensorflow_federated.python.core.impl.types import type_conversions
+from tensorflow_federated.python.core.impl.utils import tensorflow_utils
+from tensorflow_federated.python.tensorflow_libs import graph_utils
+from tensorflow_federated.python.tensorflow_libs import serialization_utils
+
+# The intrinsics TFF's native compiler leaves for its runtime in the computations of
+# this repository (and of TFF's learning templates), which `_Evaluation` implements.
+SUPPORTED_INTRINSICS = frozenset([
+    'federated_aggregate', 'federated_apply', 'federated_broadcast',
+    'federated_eval_at_clients', 'federated_eval_at_server', 'federated_map',
+    'federated_map_all_equal', 'federated_value_at_clients',
+    'federated_value_at_server', 'federated_zip_at_clients',
+    'federated_zip_at_server'])
+
+
+# The TensorFlow computations embedded so far, by building block (equal blocks hold
+# the same graph): a sweep builds the same aggregator for run after run.
+_EMBEDDED_FUNCTIONS: dict = {}
+_MAX_EMBEDDED_FUNCTIONS = 4096
+# Compiled forms by `_canonical_key` of their computation.
+_COMPILED: dict = {}
+_MAX_COMPILED = 256
+
+
+class UnsupportedComputationError(ValueError):
+  """The computation needs something `InProcessComputation` does not implement."""
+
+
+class InProcessComputation:
+  """A federated TFF computation called like the computation, run in this process.
+
+  `computation(*args)` takes and returns what calling the TFF computation does:
+  Python containers of numpy values (a CLIENTS value is a list, one per client; a
+  dataset a `tf.data.Dataset`), with the containers of the computation's type.
+  """
+
+  def __init__(self, computation: tff.Computation):
+    """Compiles `computation` as TFF's runtime would.
+
+    Raises:
+      UnsupportedComputationError: the compiled form uses an intrinsic or a building
+        block this module does not implement.
+    """
+    self.type_signature = computation.type_signature
+    # A sweep builds the same aggregator run after run: equal computations (up to
+    # the names TensorFlow numbers its traced functions with) share one compiled form
+    # and its embedded functions.
+    key = _canonical_key(computation)
+    if key not in _COMPILED:
+      if len(_COMPILED) >= _MAX_COMPILED:
+        _COMPILED.clear()
+      native = compiler.desugar_and_transform_to_native(computation)
+      block = native.to_building_block()
+      try:
+        _check_supported(block)
+      except UnsupportedComputationError as e:
+        block = e  # Refused again at once, without compiling.
+      _COMPILED[key] = block
+    if isinstance(_COMPILED[key], UnsupportedComputationError):
+      raise _COMPILED[key]
+    self._block = _COMPILED[key]
+    self._functions = _EMBEDDED_FUNCTIONS
+
+  def __call__(self, *args, **kwargs):
+    parameter = self.type_signature.parameter
+    if parameter is None:
+      if args or kwargs:
+        raise TypeError('The computation takes no arguments.')
+      argument = None
+    else:
+      argument = _packed_arguments(parameter, args, kwargs)
+    evaluation = _Evaluation(self._functions, _num_clients(argument, parameter))
+    function = evaluation.evaluate(self._block, _Scope())
+    value = function() if parameter is None else function(
+        _ingest(argument, parameter))
+    return type_conversions.type_to_py_container(
+        _to_numpy(value), self.type_signature.result)
+
+
+def process_next(process) -> Optional[Callable[..., Any]]:
+  """`process.next` of a TFF process run in this process (`InProcessComputation`),
+  returning what it returns (a `MeasuredProcessOutput` for a measured process), or
+  None when its computation needs TFF's runtime or `next` is not one TFF
+  computation (a Python driver, e.g. `tff_robust.passwise`'s)."""
+  if not isinstance(process.next, computation_impl.ConcreteComputation):
+    return None  # Python driving TFF computations (e.g. pass by pass, on workers).
+  try:
+    computation = InProcessComputation(process.next)
+  except UnsupportedComputationError:
+    return None
+  if not isinstance(process, tff.templates.MeasuredProcess):
+    return computation
+
+  def next_fn(*args):
+    output = computation(*args)
+    if isinstance(output, tff.templates.MeasuredProcessOutput):
+      return output
+    # The result type of a measured process's `next` is the struct
+    # <state, result, measurements>; TFF's runtime returns its container.
+    return tff.templates.MeasuredProcessOutput(*(output[i] for i in range(3)))
+
+  return next_fn
+
+
+def aggregation(process: tff.templates.AggregationProcess
+                ) -> Optional[Callable[..., tff.templates.MeasuredProcessOutput]]:
+  """`aggregate(state, updates, weights)` computing the weighted `process.next` in
+  this process, or None when its computation needs TFF's runtime.
+
+  `updates` is a list of one value per client (numpy leaves); the call empties it
+  (each client's update is dropped once converted), so that a caller holding no
+  other reference (the simulation loop) never holds the round's updates twice. Pass
+  a copy of the list to keep it.
+  """
+  computation = process_next(process)
+  if computation is None:
+    return None
+  value_type = process.next.type_signature.parameter[1].member
+
+  def aggregate(state, updates, weights):
+    values = []
+    for i, update in enumerate(updates):
+      values.append(_ingest(update, value_type))
+      updates[i] = None
+    updates.clear()
+    return computation(state, values, weights)
+
+  return aggregate
+
+
+def _canonical_key(computation) -> str:
+  """A digest of `computation` that is equal for equal computations: its proto with
+  the functions of every TensorFlow graph renamed in the order they are first
+  referenced (TensorFlow numbers traced functions with a process-wide counter, so
+  tracing the same factory twice differs only there)."""
+  # A copy: the building block's protos are the computation's own.
+  proto = type(computation_impl.ConcreteComputation.get_proto(computation))()
+  proto.CopyFrom(computation_impl.ConcreteComputation.get_proto(computation))
+  block = building_blocks.ComputationBuildingBlock.from_proto(proto)
+  digest = hashlib.sha256()
+
+  def visit(node):
+    if isinstance(node, building_blocks.CompiledComputation):
+      graph = node.proto.tensorflow.graph_def
+      graph.value = _canonical_graph_def(
+          serialization_utils.unpack_graph_def(graph)).SerializeToString(
+              deterministic=True)
+
+  tree_analysis.visit_postorder(block, visit)
+  digest.update(block.proto.SerializeToString(deterministic=True))
+  return digest.hexdigest()
+
+
+def _canonical_graph_def(graph_def):
+  """`graph_def` with its library's functions named F0, F1, ... in the order the
+  graph's nodes (then those functions' nodes) first reference them, and sorted."""
+  names = {f.signature.name: f for f in graph_def.library.function}
+  order = []
+
+  def note_attr(attr):
+    kind = attr.WhichOneof('value')
+    funcs = ([attr.func] if kind == 'func' else
+             list(attr.list.func) if kind == 'list' else [])
+    for func in funcs:
+      note(func.name)
+      for value in func.attr.values():
+        note_attr(value)
+
+  def note(name):
+    if name in names and name not in order:
+      order.append(name)
+
+  def note_nodes(nodes):
+    for node in nodes:
+      note(node.op)
+      for key in sorted(node.attr):
+        note_attr(node.attr[key])
+
+  note_nodes(graph_def.node)
+  index = 0
+  while index < len(order):
+    note_nodes(names[order[index]].node_def)
+    index += 1
+  for name in sorted(names):  # Unreferenced ones last, by name.
+    note(name)
+  renamed = {name: f'F{i}' for i, name in enumerate(order)}
+  graph_def = _renamed_functions(graph_def, renamed)
+  functions = sorted(graph_def.library.function, key=lambda f: f.signature.name)
+  del graph_def.library.function[:]
+  graph_def.library.function.extend(functions)
+  return graph_def
+
+
+def _check_supported(block) -> None:
+  problems = set()
+
+  def visit(node):
+    if isinstance(node, building_blocks.Intrinsic):
+      if node.uri not in SUPPORTED_INTRINSICS:
+        problems.add(f'intrinsic {node.uri}')
+    elif isinstance(node, building_blocks.CompiledComputation):
+      if node.proto.WhichOneof('computation') != 'tensorflow':
+        problems.add(f'{node.proto.WhichOneof("computation")} computation')
+    elif isinstance(node, (building_blocks.Data, building_blocks.Placement)):
+      problems.add(type(node).__name__)
+
+  tree_analysis.visit_postorder(block, visit)
+  if problems:
+    raise UnsupportedComputationError(
+        'Not run in process: the compiled computation uses '
+        f'{", ".join(sorted(problems))}.')
+
+
+def _packed_arguments(parameter: tff.Type, args, kwargs):
+  """The call's arguments as one value of the parameter type (TFF's convention: one
+  argument is the parameter itself, several are the elements of a struct)."""
+  if len(args) == 1 and not kwargs:
+    return args[0]
+  if not isinstance(parameter, tff.StructType):
+    raise TypeError(f'One argument of type {parameter} expected.')
+  names = [name for name, _ in structure.iter_elements(parameter)]
+  values = list(args) + [None] * (len(names) - len(args))
+  for key, value in kwargs.items():
+    values[names.index(key)] = value
+  return structure.Struct(list(zip(names, values)))
+
+
+def _num_clients(argument, parameter) -> Optional[int]:
+  """The number of clients: the length of the CLIENTS-placed arguments."""
+  counts = set()
+
+  def visit(value, type_):
+    if isinstance(type_, tff.FederatedType):
+      if type_.placement is tff.CLIENTS and not type_.all_equal:
+        counts.add(len(value))
+    elif isinstance(type_, tff.StructType):
+      elements = structure.to_elements(structure.from_container(value))
+      for (_, element), (_, element_type) in zip(elements,
+                                                 structure.iter_elements(type_)):
+        visit(element, element_type)
+
+  if parameter is not None:
+    visit(argument, parameter)
+  if len(counts) > 1:
+    raise ValueError('CLIENTS-placed arguments of different lengths: '
+                     f'{sorted(counts)}.')
+  return counts.pop() if counts else None
+
+
+def _ingest(value, type_: tff.Type):
+  """A Python value of `type_` in this module's representation: CLIENTS values as
+  lists, structs as `structure.Struct`, tensors as eager tensors."""
+  if isinstance(type_, tff.FederatedType):
+    if type_.placement is tff.CLIENTS and not type_.all_equal:
+      return [_ingest(v, type_.member) for v in value]
+    return _ingest(value, type_.member)
+  if isinstance(value, structure.Struct) and _is_ingested(value):
+    return value
+  if isinstance(type_, tff.StructType):
+    elements = structure.to_elements(structure.from_container(value))
+    type_elements = structure.to_elements(type_)
+    if len(elements) != len(type_elements):
+      raise TypeError(f'{len(elements)} elements for the struct type {type_}.')
+    return structure.Struct([
+        (name, _ingest(element, element_type))
+        for (name, element_type), (_, element) in zip(type_elements, elements)])
+  if isinstance(type_, tff.TensorType):
+    if isinstance(value, tf.Tensor):
+      return value
+    return tf.convert_to_tensor(np.asarray(value, type_.dtype))
+  if isinstance(type_, tff.SequenceType):
+    if not isinstance(value, tf.data.Dataset):
+      raise TypeError(f'A tf.data.Dataset expected for {type_}, got '
+                      f'{type(value).__name__}.')
+    return value
+  raise TypeError(f'Values of type {type_} are not supported.')
+
+
+def _is_ingested(value) -> bool:
+  return all(isinstance(leaf, (tf.Tensor, tf.data.Dataset)) for leaf in _flat(value))
+
+
+def _to_numpy(value):
+  if isinstance(value, list):
+    return [_to_numpy(v) for v in value]
+  if isinstance(value, structure.Struct):
+    return structure.Struct([(name, _to_numpy(v))
+                             for name, v in structure.iter_elements(value)])
+  if isinstance(value, tf.Tensor):
+    return value.numpy()
+  return value
+
+
+class _Scope:
+  """Names bound by lambdas and blocks, innermost first."""
+
+  def __init__(self, names: Optional[dict] = None, parent: Optional['_Scope'] = None):
+    self._names = names or {}
+    self._parent = parent
+
+  def lookup(self, name: str):
+    scope = self
+    while scope is not None:
+      if name in scope._names:  # pylint: disable=protected-access
+        return scope._names[name]  # pylint: disable=protected-access
+      scope = scope._parent  # pylint: disable=protected-access
+    raise KeyError(f'Unbound reference {name!r}.')
+
+  def child(self, names: dict) -> '_Scope':
+    return _Scope(names, self)
+
+  def bind(self, name: str, value) -> None:
+    self._names[name] = value
+
+
+class _Evaluation:
+  """One call's evaluation of a compiled computation (the number of clients is the
+  call's)."""
+
+  def __init__(self, functions: dict, num_clients: Optional[int]):
+    self._functions = functions
+    self._num_clients = num_clients
+
+  def evaluate(self, block, scope: _Scope):
+    if isinstance(block, building_blocks.Reference):
+      return scope.lookup(block.name)
+    if isinstance(block, building_blocks.Selection):
+      return self.evaluate(block.source, scope)[block.as_index()]
+    if isinstance(block, building_blocks.Struct):
+      return structure.Struct([(name, self.evaluate(element, scope))
+                               for name, element in structure.iter_elements(block)])
+    if isinstance(block, building_blocks.Call):
+      function = self.evaluate(block.function, scope)
+      if block.argument is None:
+        return function()
+      return function(self.evaluate(block.argument, scope))
+    if isinstance(block, building_blocks.Lambda):
+      return self._closure(block, scope)
+    if isinstance(block, building_blocks.Block):
+      inner = scope.child({})
+      for name, local in block.locals:
+        inner.bind(name, self.evaluate(local, inner))
+      return self.evaluate(block.result, inner)
+    if isinstance(block, building_blocks.Intrinsic):
+      return getattr(self, '_' + block.uri)
+    if isinstance(block, building_blocks.CompiledComputation):
+      if block not in self._functions:
+        if len(self._functions) >= _MAX_EMBEDDED_FUNCTIONS:
+          self._functions.clear()
+        self._functions[block] = _embedded(block)
+      return self._functions[block]
+    if isinstance(block, building_blocks.Literal):
+      return tf.constant(block.value, block.type_signature.dtype)
+    raise UnsupportedComputationError(f'Building block {type(block).__name__}.')
+
+  def _closure(self, block: building_blocks.Lambda, scope: _Scope):
+    if block.parameter_name is None:
+      return lambda: self.evaluate(block.result, scope)
+    return lambda argument: self.evaluate(
+        block.result, scope.child({block.parameter_name: argument}))
+
+  def _clients(self) -> int:
+    if self._num_clients is None:
+      raise UnsupportedComputationError(
+          'A CLIENTS value without a CLIENTS-placed argument (unknown count).')
+    return self._num_clients
+
+  # The intrinsics, as TFF's runtime computes them.
+
+  def _federated_map(self, argument):
+    function, value = argument[0], argument[1]
+    if isinstance(value, list):
+      return [function(v) for v in value]
+    return function(value)
+
+  _federated_map_all_equal = _federated_map
+
+  def _federated_apply(self, argument):
+    return argument[0](argument[1])
+
+  def _federated_broadcast(self, value):
+    return [value] * self._clients()
+
+  def _federated_value_at_server(self, value):
+    return value
+
+  def _federated_value_at_clients(self, value):
+    return [value] * self._clients()
+
+  def _federated_eval_at_server(self, function):
+    return function()
+
+  def _federated_eval_at_clients(self, function):
+    return [function() for _ in range(self._clients())]
+
+  def _federated_zip_at_server(self, value):
+    return value
+
+  def _federated_zip_at_clients(self, value):
+    return [_client_slice(value, i) for i in range(self._clients())]
+
+  def _federated_aggregate(self, argument):
+    values, zero, accumulate, _, report = (argument[i] for i in range(5))
+    accumulator = zero
+    for value in values:
+      accumulator = accumulate(structure.Struct([(None, accumulator), (None, value)]))
+    return report(accumulator)
+
+
+def _client_slice(value, index: int):
+  """Client `index`'s element of a struct of CLIENTS values (zipped)."""
+  if isinstance(value, list):
+    return value[index]
+  return structure.Struct([(name, _client_slice(v, index))
+                           for name, v in structure.iter_elements(value)])
+
+
+def _leaf_types(type_) -> list:
+  if type_ is None:
+    return []
+  if isinstance(type_, tff.StructType):
+    return [leaf for _, element in structure.iter_elements(type_)
+            for leaf in _leaf_types(element)]
+  return [type_]
+
+
+def _pack(type_, leaves):
+  """The flat `leaves` (an iterator) as a value of `type_`."""
+  if isinstance(type_, tff.StructType):
+    return structure.Struct([(name, _pack(element, leaves))
+                             for name, element in structure.iter_elements(type_)])
+  return next(leaves)
+
+
+def _flat(value) -> list:
+  if isinstance(value, structure.Struct):
+    return [leaf for _, element in structure.iter_elements(value)
+            for leaf in _flat(element)]
+  return [value]
+
+
+def _embedded(block: building_blocks.CompiledComputation) -> Callable:
+  """The TensorFlow computation `block` as a Python function of this module's values,
+  running its graph (as compiled for TFF's runtime) as an eager function."""
+  proto = block.proto.tensorflow
+  function_type = block.type_signature
+  parameter, result = function_type.parameter, function_type.result
+  inputs = (tensorflow_utils.extract_tensor_names_from_binding(proto.parameter)
+            if parameter is not None else [])
+  outputs = tensorflow_utils.extract_tensor_names_from_binding(proto.result)
+  graph_def = serialization_utils.unpack_graph_def(proto.graph_def)
+  graph_def = _renamed_functions(graph_def, f'_in_process_{next(_EMBEDDED)}')
+  if proto.initialize_op:
+    graph_def = _initialized_first(graph_def, proto.initialize_op)
+  parameter_leaves = _leaf_types(parameter)
+  result_leaves = _leaf_types(result)
+  token = proto.session_token_tensor_name
+
+  def import_graph(*args):
+    input_map = dict(zip(inputs, args))
+    if token:
+      input_map[token] = tf.constant('in_process')
+    # Control edges on an input (`^arg`) follow its replacement, as in TFF.
+    input_map = graph_utils.add_control_dep_mappings(input_map)
+    return tf.graph_util.import_graph_def(graph_def, input_map=input_map,
+                                         return_elements=outputs)
+
+  signature = [tf.TensorSpec([], tf.variant) if isinstance(t, tff.SequenceType)
+               else tf.TensorSpec(t.shape, t.dtype) for t in parameter_leaves]
+  wrapped = tf.compat.v1.wrap_function(import_graph, signature)
+  # Variables of the graph (a model's, trained from scratch every call) live in the
+  # resource manager under their shared names: destroyed after each call, as TFF's
+  # runtime drops them with its graph.
+  handles = [op.outputs[0] for op in wrapped.graph.get_operations()
+             if op.type == 'VarHandleOp']
+  destroy = wrapped.prune(feeds=[], fetches=handles) if handles else None
+  converters = [_from_variant(t) if isinstance(t, tff.SequenceType) else None
+                for t in result_leaves]
+
+  def call(argument=None):
+    leaves = _flat(argument) if parameter is not None else []
+    leaves = [tf.data.experimental.to_variant(v) if isinstance(v, tf.data.Dataset)
+              else v for v in leaves]
+    values = wrapped(*leaves)
+    if destroy is not None:
+      for handle in destroy():
+        tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
+    values = [v if convert is None else convert(v)
+              for v, convert in zip(values, converters)]
+    return _pack(result, iter(values))
+
+  return call
+
+
+_EMBEDDED = itertools.count()
+
+
+def _renamed_functions(graph_def, rename):
+  """`graph_def` with every function of its library renamed (and every reference to
+  one): `rename` a suffix to append, or a dict old name → new name."""
+  graph_def = type(graph_def).FromString(graph_def.SerializeToString())
+  names = {f.signature.name for f in graph_def.library.function}
+  if not names:
+    return graph_def
+  if isinstance(rename, str):
+    suffix = rename
+    rename = {name: name + suffix for name in names}
+
+  def rename_attr(attr):
+    kind = attr.WhichOneof('value')
+    if kind == 'func':
+      rename_func(attr.func)
+    elif kind == 'list':
+      for func in attr.list.func:
+        rename_func(func)
+
+  def rename_func(func):
+    if func.name in names:
+      func.name = rename[func.name]
+    for value in func.attr.values():
+      rename_attr(value)
+
+  def rename_nodes(nodes):
+    for node in nodes:
+      if node.op in names:
+        node.op = rename[node.op]
+      for value in node.attr.values():
+        rename_attr(value)
+
+  rename_nodes(graph_def.node)
+  for function in graph_def.library.function:
+    function.signature.name = rename[function.signature.name]
+    rename_nodes(function.node_def)
+    for value in function.attr.values():
+      rename_attr(value)
+  for gradient in graph_def.library.gradient:
+    if gradient.function_name in names:
+      gradient.function_name = rename[gradient.function_name]
+    if gradient.gradient_func in names:
+      gradient.gradient_func = rename[gradient.gradient_func]
+  return graph_def
+
+
+def _from_variant(sequence_type):
+  element = type_conversions.type_to_tf_structure(sequence_type.element)
+  return lambda variant: tf.data.experimental.from_variant(variant, element)
+
+
+def _initialized_first(graph_def, init_op: str):
+  """`graph_def` with every node outside the initializer's own inputs made to wait for
+  the initializer (`init_op`), as TFF's runtime runs it before the computation."""
+  init_name = init_op.split(':')[0].lstrip('^')
+  nodes = {node.name: node for node in graph_def.node}
+  upstream, stack = set(), [init_name]
+  while stack:
+    name = stack.pop()
+    if name in upstream or name not in nodes:
+      continue
+    upstream.add(name)
+    stack.extend(i.split(':')[0].lstrip('^') for i in nodes[name].input)
+  graph_def = type(graph_def).FromString(graph_def.SerializeToString())
+  for node in graph_def.node:
+    if node.name not in upstream and node.op not in ('Placeholder', 'Const'):
+      node.input.append('^' + init_name)
+  return graph_def

@@ -1,0 +1,163 @@
+"""The simulation's in-process evaluation of TFF computations returns what TFF's runtime
+returns: every aggregator of the registry (results, states, measurements, round after
+round), and one round of each bundled task both ways."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from baselines import gather
+from tasks import builders
+from tasks import registry
+from tasks.simulation import client_work as client_work_lib
+from tasks.simulation import in_process
+from tasks.simulation import rounds
+from tff_robust import passwise
+
+# The simulation's value type: the model's trainable variables as a list.
+_VALUE_TYPE = tff.types.to_type([tff.TensorType(np.float32, [3, 2]),
+                                 tff.TensorType(np.float32, [4])])
+_WEIGHT_TYPE = tff.TensorType(np.float32)
+_NUM_CLIENTS = 9
+# Every aggregator of the registry, and each wrapper around an iterative one.
+_NAMES = list(registry.AGGREGATORS) + ['arc+gm', 'arc+mean', 'bucketing+gm', 'nnm+gm',
+                                       'arc+gamma_mean', 'bucketing+median']
+
+
+def _clients(kind: str, seed: int):
+  """Updates (lists of arrays) and weights of one round."""
+  rng = np.random.default_rng(seed)
+  matrix = rng.normal(size=(_NUM_CLIENTS, 10)).astype(np.float32)
+  weights = rng.integers(1, 50, size=_NUM_CLIENTS).astype(np.float32)
+  if kind == 'faulty':
+    matrix[1, 3] = np.nan
+    matrix[4, 0] = np.inf
+    weights[6] = 0.0
+    weights[7] = np.nan
+  elif kind == 'attacked':
+    matrix[:2] = -1e30 * matrix[2:].mean(axis=0)  # Far out, and equal.
+    matrix[2] = matrix[3]                            # A tie.
+  updates = [[row[:6].reshape(3, 2), row[6:]] for row in matrix]
+  return updates, weights
+
+
+def _assert_equal(testcase, expected, actual, exact: bool, path: str):
+  testcase.assertEqual(tf.nest.map_structure(lambda _: 0, expected),
+                       tf.nest.map_structure(lambda _: 0, actual), path)
+  for e, a in zip(tf.nest.flatten(expected), tf.nest.flatten(actual)):
+    if exact:
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(e), err_msg=path)
+    else:
+      np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(e, np.float64),
+                                 rtol=1e-6, atol=1e-6, err_msg=path)
+
+
+_BUILT = {}
+
+
+def _process_and_aggregation(name):
+  """The federated process of `name` and its in-process aggregation, built once."""
+  if name not in _BUILT:
+    factory = registry.aggregator_from_name(name, assumed_byzantine_fraction=0.2)
+    process = factory.create(_VALUE_TYPE, _WEIGHT_TYPE)
+    _BUILT[name] = (factory, process, in_process.aggregation(process))
+  return _BUILT[name]
+
+
+class AggregationTest(parameterized.TestCase):
+
+  @parameterized.product(name=_NAMES, kind=['random', 'faulty', 'attacked'])
+  def test_equals_the_federated_process(self, name, kind):
+    factory, process, aggregate = _process_and_aggregation(name)
+    self.assertIsNotNone(aggregate)
+    # The gathering ones' server matrix products may sum in another order here
+    # (NNM's mixing, 1 ulp); the simulation takes `tasks.simulation.gathered` for them.
+    exact = not isinstance(getattr(factory, 'inner', None),
+                           gather.GatheringAggregationFactory)
+    federated_state = in_process_state = process.initialize()
+    for round_num in range(3):  # Stateful ones (clipping, bucketing) move.
+      updates, weights = _clients(kind, seed=round_num)
+      expected = process.next(federated_state, updates, list(weights))
+      actual = aggregate(in_process_state, list(updates), list(weights))
+      _assert_equal(self, expected.result, actual.result, exact, f'{name} result')
+      _assert_equal(self, expected.measurements, actual.measurements, exact,
+                    f'{name} measurements')
+      _assert_equal(self, expected.state, actual.state, exact, f'{name} state')
+      federated_state, in_process_state = expected.state, actual.state
+
+  def test_the_updates_are_dropped_once_taken(self):
+    _, process, aggregate = _process_and_aggregation('gm')
+    updates, weights = _clients('random', 0)
+    aggregate(process.initialize(), updates, list(weights))
+    self.assertEqual(updates, [])
+
+  def test_leaves_a_python_driven_process_to_its_driver(self):
+    # Pass by pass (e.g. on workers, `tasks.simulation.distributed`): not one TFF
+    # computation, so it runs as its driver says.
+    process = passwise.PasswiseFactory(registry.aggregator_from_name('gm')).create(
+        _VALUE_TYPE, _WEIGHT_TYPE)
+    self.assertIsNone(in_process.process_next(process))
+    self.assertIsNone(in_process.aggregation(process))
+
+  def test_refuses_an_intrinsic_it_does_not_know(self):
+    # A secure sum: the in-process path says so and the caller keeps TFF's runtime.
+    secure = tff.aggregators.SecureSumFactory(upper_bound_threshold=100.0)
+    process = secure.create(tff.TensorType(np.float32, [2]))
+    with self.assertRaisesRegex(in_process.UnsupportedComputationError,
+                                'federated_secure'):
+      in_process.InProcessComputation(process.next)
+    self.assertIsNone(in_process.process_next(process))
+
+
+# One round both ways for each bundled task, tiny: the client work (local training of
+# the task's model) through TFF's runtime, the aggregator and the server update in
+# process or not.
+_TASKS = {
+    'emnist': dict(task='emnist', model='linear'),
+    'shakespeare': dict(task='shakespeare', model='lstm', num_clients=4),
+    'sent140': dict(task='sent140', model='linear', num_clients=4),
+}
+
+
+@pytest.mark.slow  # Trains each task's model (an LSTM among them) end to end.
+class RoundTest(parameterized.TestCase):
+
+  @parameterized.product(task=list(_TASKS), aggregator=['gm', 'gamma_mean'])
+  def test_a_round_equals_the_federated_round(self, task, aggregator):
+    spec = _TASKS[task]
+    task = builders.build_task(
+        spec['task'], spec['model'], source='synthetic',
+        client_spec=builders.ClientSpec(1, 4, max_elements=8, shuffle_buffer_size=1),
+        num_clients=spec.get('num_clients'))
+    work = client_work_lib.fedavg_client_work(task)
+    with tf.Graph().as_default():
+      weights_type = tff.learning.models.weights_type_from_model(task.model_fn())
+    factory = registry.aggregator_from_name(aggregator)
+    keras_model = task.keras_model_fn()
+    initial = tff.learning.models.ModelWeights(
+        trainable=[v.numpy() for v in keras_model.trainable_variables],
+        non_trainable=[v.numpy() for v in keras_model.non_trainable_variables])
+    client_ids = list(task.train_data.client_ids)[:3]
+    outputs = []
+    for in_process_path in (False, True):
+      round_ = rounds.Round(work, factory, model_weights_type=weights_type,
+                            in_process=in_process_path)
+      self.assertEqual(round_.aggregate == round_.aggregation.next,
+                       not in_process_path)
+      state = round_.initialize(initial)
+      for round_num in range(2):
+        output = round_.next(state, task.client_dataset, client_ids=client_ids,
+                             learning_rate=0.1)
+        state = output.state
+      outputs.append(output)
+    federated, local = outputs
+    _assert_equal(self, federated.state, local.state, True, 'state')
+    _assert_equal(self, federated.measurements['aggregator'],
+                  local.measurements['aggregator'], True, 'measurements')
+
+
+if __name__ == '__main__':
+  absltest.main()
