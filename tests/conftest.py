@@ -27,6 +27,18 @@ def pytest_configure(config):
   config.addinivalue_line(
       'filterwarnings',
       r'error::DeprecationWarning:(tff_robust|baselines|tasks|benchmarks)(\.|$)')
+  # pytest-xdist's loadfile hands out the files with the most tests first, so the
+  # files of a few long tests (binaries, workers) ran last, on one worker while the
+  # other idled. Collection order instead, which `pytest_collection_modifyitems` sets.
+  if hasattr(config.option, 'loadscopereorder'):
+    config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+  """Files holding a slow test run first: the many short tests then fill the tail."""
+  del config
+  with_slow = {item.path for item in items if item.get_closest_marker('slow')}
+  items.sort(key=lambda item: item.path not in with_slow)
 
 
 def pytest_sessionfinish(session, exitstatus):
