@@ -37,6 +37,16 @@ and `report_objective=False` are mergeable as they are and run as one computatio
 An aggregation process of your own is driven pass by pass with
 `tff_robust.distributed.passwise`.
 
+A round's per-client values cross to the workers once: `keep_on_workers` sends each
+worker its shard of a CLIENTS-placed value and keeps it there (a value of the
+worker's TFF executor, referred to by id, as TFF's executor service allows) as a
+`ResidentValue`, which the round's pass computations take in place of the value, so
+each pass sends v and the computation and gets back one partial sum per worker;
+`invoke_keeping` leaves chosen per-client results of an aggregation-free
+computation (training's updates) on the workers that computed them. Both are freed
+when the round ends. A worker that restarts during the round lost them: the call
+raises `WorkerError` instead of being rerun.
+
 Workers: `LocalWorkers` starts and stops workers on this machine (tests, demos, one big
 machine), reachable from this machine only. On several machines, make the deployment's
 TLS credentials once (`python -m tff_robust.distributed.worker_credentials --out=DIR`), start one
