@@ -510,8 +510,7 @@ class _WorkerInvoker:
   async def invoke(self, comp, arg):
     if not _holds_pieces(arg):
       return await self._worker.context.invoke(comp, arg)
-    result = await self._run(comp, arg, keep=())
-    return result
+    return await self._run(comp, arg, keep=())
 
   async def create(self, value, type_spec) -> _Piece:
     """`value` (a shard of a CLIENTS-placed value of `type_spec`) on this worker."""
@@ -521,6 +520,7 @@ class _WorkerInvoker:
     return _Piece(self._worker, remote, size)
 
   async def run_keeping(self, comp, arg, keep):
+    """`comp(arg)`, its elements named in `keep` left here (`_run`)."""
     return await self._run(comp, arg, keep)
 
   @contextlib.contextmanager
