@@ -8,10 +8,15 @@ local worker). N workers: `DistributedSimulation`, training as one aggregation-f
 computation split over the workers, then every RFA pass as one computation split
 over them (`tff_robust.distributed.passwise`), each of two ways:
 
-*   `datasets`: the driver sends every client's dataset with every round (before
-    issue 39);
-*   `ids`: the workers build their clients' datasets by client id from an export of
-    the task's data (`tasks.simulation.worker_data`); the driver sends ids.
+*   `datasets`: the driver sends every client's dataset with every round, and every
+    client's update with every aggregation call (before issue 39);
+*   `ids_resent`: the workers build their clients' datasets by client id from an
+    export of the task's data (`tasks.simulation.worker_data`); the driver sends
+    ids, and every client's update with every aggregation call
+    (`DistributedContext(keep_round_values=False)`: before the updates were kept);
+*   `ids`: ids, and each worker receives its clients' updates once per round and
+    keeps them for the round's aggregation calls (`keep_round_values=True`, the
+    default).
 
 `--network=netns` (root; `ip`, `tc`) runs the driver and every worker in a network
 namespace of its own, each with one link into a bridge (`benchmarks.link_emulation`),
@@ -84,9 +89,10 @@ _BANDWIDTHS = flags.DEFINE_list('bandwidth_mbit', ['0', '50'],
                                 'Link limits to interleave, Mbit/s (0: none); netns.')
 _PROJECT = flags.DEFINE_list('project_gbit', ['1', '10'],
                              'Driver link bandwidths of the projection, Gbit/s.')
-_PATHS = flags.DEFINE_list('paths', ['datasets', 'ids'],
-                           'How workers get client data: the driver sends the '
-                           'datasets, or they read them by client id.')
+_PATHS = flags.DEFINE_list('paths', ['datasets', 'ids_resent', 'ids'],
+                           'How workers get client data (the driver sends the '
+                           'datasets, or they read them by client id) and the '
+                           'updates (with every call, or once per round).')
 _SETUP = flags.DEFINE_string('driver_setup', None, 'Internal: the netns driver\'s '
                              'workers (JSON), set by the parent process.')
 
@@ -218,8 +224,11 @@ def _drive(addresses, credentials, network) -> None:
                 client_learning_rate=loop.StepSchedule(0.05), seed=0)
   counts = _counts()
   bandwidths = _bandwidths() if network is not None else [None]
-  contexts = {n: distributed.DistributedContext(addresses[n], credentials=credentials)
-              for n in counts}
+  # Per worker count, a context that keeps the round's updates on the workers and
+  # one that resends them with every call (the same workers).
+  contexts = {(n, keep): distributed.DistributedContext(
+      addresses[n], credentials=credentials, keep_round_values=keep)
+              for n in counts for keep in (True, False)}
   try:
     simulations = collections.OrderedDict()
     timers = {}
@@ -229,11 +238,12 @@ def _drive(addresses, credentials, network) -> None:
     client_data = worker_data.ClientDataDirectory(task)
     for n in counts:
       for path in _PATHS.value:
+        context = contexts[n, path == 'ids']
         work = distributed_simulation.MergeableFedAvgClientWork(
-            task, contexts[n], client_data if path == 'ids' else None)
+            task, context, client_data if path != 'datasets' else None)
         timers[n, path] = _TimedClientWork(work)
         simulations[n, path] = distributed_simulation.DistributedSimulation(
-            task, factory, timers[n, path], context=contexts[n], **kwargs)
+            task, factory, timers[n, path], context=context, **kwargs)
     states = {k: s.initial_state() for k, s in simulations.items()}
     rows = collections.defaultdict(list)
     for round_index in range(_WARMUP.value + _ROUNDS.value):
@@ -244,7 +254,7 @@ def _drive(addresses, credentials, network) -> None:
         for key, simulation in simulations.items():
           if key == 'single' and b_index:
             continue  # No network.
-          context = contexts[key[0]] if key != 'single' else None
+          context = contexts[key[0], key[1] == 'ids'] if key != 'single' else None
           grpc_before = context.traffic() if context else {}
           link_before = link_emulation.interface_bytes() if network else (0, 0)
           start = time.perf_counter()
@@ -293,7 +303,7 @@ def _report(rows, counts, bandwidths, params, on_links: bool) -> None:
         f'aggregation + server S = {t_single - c_single:.2f} s)')
   byte_source = 'driver interface' if on_links else 'serialized gRPC messages'
   print(f'Measured (bytes per round: {byte_source}):')
-  print('  N  data      link        s/round  ratio  training   driver out MB  in MB'
+  print('  N  data        link        s/round  ratio  training   driver out MB  in MB'
         '   gRPC out MB  in MB')
   for n in counts:
     for path in _PATHS.value:
@@ -302,7 +312,7 @@ def _report(rows, counts, bandwidths, params, on_links: bool) -> None:
         out = _mean(r, 'egress' if on_links else 'grpc_sent') / 1e6
         into = _mean(r, 'ingress' if on_links else 'grpc_received') / 1e6
         link = f'{mbit:g} Mbit/s' if mbit else 'unlimited'
-        print(f'  {n}  {path:8s}  {link:10s}  {_median(r, "seconds"):7.2f}  '
+        print(f'  {n}  {path:10s}  {link:10s}  {_median(r, "seconds"):7.2f}  '
               f'{_median(r, "seconds") / t_single:5.2f}  {_median(r, "train"):8.2f}  '
               f'{out:13.2f}  {into:6.2f}  {_mean(r, "grpc_sent") / 1e6:11.2f}  '
               f'{_mean(r, "grpc_received") / 1e6:6.2f}')
@@ -320,7 +330,7 @@ def _report(rows, counts, bandwidths, params, on_links: bool) -> None:
           measured = _median(r, 'seconds')
           driver = _median(free, 'seconds') + link_seconds
           per_worker = _median(free, 'seconds') + link_seconds / n
-          print(f'  N={n} {path:8s} {mbit:g} Mbit/s: measured {measured:6.2f} s; '
+          print(f'  N={n} {path:10s} {mbit:g} Mbit/s: measured {measured:6.2f} s; '
                 f'driver link {driver:6.2f} s ({driver / measured:4.2f}×); per-worker '
                 f'links {per_worker:6.2f} s ({per_worker / measured:4.2f}×)')
   one = min(counts)
@@ -337,7 +347,7 @@ def _report(rows, counts, bandwidths, params, on_links: bool) -> None:
         projected = (t_single - c_single) + c_single / n + overhead + (
             link_bytes * 8 / (float(gbit) * 1e9))
         cells.append(f'{gbit} Gbit/s {projected:6.2f} s ({t_single / projected:4.2f}×)')
-      print(f'  {path:8s} N={n} (O = {overhead:.2f} s, E+I = {link_bytes / 1e6:.1f} '
+      print(f'  {path:10s} N={n} (O = {overhead:.2f} s, E+I = {link_bytes / 1e6:.1f} '
             'MB): ' + '; '.join(cells))
 
 

@@ -13,7 +13,9 @@ checkpoints and metrics) whose client-side work runs on the workers of a
     data (`tasks.simulation.worker_data`); the driver sends ids, not datasets.
 *   Aggregation: `tff_robust.distributed.passwise`, one single-aggregate computation
     per secure average, so RFA, one-step RFA, the γ-mean and secure centered
-    clipping run like FedAvg and GMA.
+    clipping run like FedAvg and GMA. The updates the attacks acted on (the
+    driver's copy) go to the workers once per round, each worker its clients'
+    (`DistributedContext.keep_on_workers`); every pass sends the estimate only.
 
 Server-only computations (the aggregator's `initialize`, the server optimizer) run in
 this process's own TFF context: they involve no client, and on the workers their

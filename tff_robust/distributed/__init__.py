@@ -5,7 +5,8 @@
                       `register_equivalent`: a computation's pass-by-pass form,
                       which `DistributedContext` runs in its place
   execution           `distributed_execution`, `DistributedContext`, `LocalWorkers`,
-                      `WorkerError` (also importable from this package)
+                      `WorkerError`, `ResidentValue` (a round's per-client values
+                      kept on the workers; also importable from this package)
   worker_launcher     `python -m tff_robust.distributed --port=N`: one worker_binary,
                       started without TensorFlow
   worker_network      the worker's private network namespace and its TLS forwarder
@@ -27,6 +28,7 @@ _EXECUTION_NAMES = (
     'DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS',
     'DistributedContext',
     'LocalWorkers',
+    'ResidentValue',
     'WorkerError',
     'as_driver_credentials',
     'check_credentials_needed',

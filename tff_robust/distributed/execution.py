@@ -37,6 +37,16 @@ and `report_objective=False` are mergeable as they are and run as one computatio
 An aggregation process of your own is driven pass by pass with
 `tff_robust.distributed.passwise`.
 
+A round's per-client values cross to the workers once: `keep_on_workers` sends each
+worker its shard of a CLIENTS-placed value and keeps it there (a value of the
+worker's TFF executor, referred to by id, as TFF's executor service allows) as a
+`ResidentValue`, which the round's pass computations take in place of the value, so
+each pass sends v and the computation and gets back one partial sum per worker;
+`invoke_keeping` leaves chosen per-client results of an aggregation-free
+computation (training's updates) on the workers that computed them. Both are freed
+when the round ends. A worker that restarts during the round lost them: the call
+raises `WorkerError` instead of being rerun.
+
 Workers: `LocalWorkers` starts and stops workers on this machine (tests, demos, one big
 machine), reachable from this machine only. On several machines, make the deployment's
 TLS credentials once (`python -m tff_robust.distributed.worker_credentials --out=DIR`), start one
@@ -52,6 +62,7 @@ accepts connections, and exits non-zero if the worker cannot start.
 """
 
 import asyncio
+import collections
 import contextlib
 import math
 import os
@@ -65,6 +76,8 @@ from typing import Optional, Sequence
 import grpc
 import portpicker
 import tensorflow_federated as tff
+import tree
+from tensorflow_federated.proto.v0 import executor_pb2
 from tensorflow_federated.proto.v0 import executor_pb2_grpc
 # The compiler and TF-frontend transforms TFF's own local C++ context is built with;
 # TFF 0.87 exports no public name for them.
@@ -79,7 +92,9 @@ from tensorflow_federated.python.core.backends.native import mergeable_comp_comp
 from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline
 from tensorflow_federated.python.core.impl.execution_contexts import (
     mergeable_comp_execution_context as mergeable)
+from tensorflow_federated.python.core.impl.compiler import tree_analysis
 from tensorflow_federated.python.core.impl.executors import cardinalities_utils
+from tensorflow_federated.python.core.impl.executors import cardinality_carrying_base
 from tensorflow_federated.python.core.impl.types import type_analysis
 from tensorflow_federated.python.core.impl.types import type_conversions
 
@@ -387,6 +402,196 @@ class _WorkerContext:
     self.channel.close()
 
 
+class _Piece(cardinality_carrying_base.CardinalityCarrying):
+  """One worker's shard of a `ResidentValue`: a value on that worker's executor for
+  the shard's cardinalities."""
+
+  def __init__(self, worker: '_WorkerContext', remote, size: int):
+    self.worker, self.remote, self.size = worker, remote, size
+
+  @property
+  def cardinality(self):
+    return {tff.CLIENTS: self.size}
+
+
+class ResidentValue(cardinality_carrying_base.CardinalityCarrying):
+  """A CLIENTS-placed value held on the workers: each worker keeps its contiguous
+  shard of the clients (the shards `DistributedContext` splits every call's
+  arguments into) until `release()`.
+
+  Pass it where a computation run by the same `DistributedContext` takes that value
+  (e.g. a pass computation's clients' updates): each worker's call then refers to
+  its shard instead of receiving it. Made by `DistributedContext.keep_on_workers` and
+  `DistributedContext.invoke_keeping`; valid until released, the context closes, or a
+  call on the same workers fails (TFF then resets the workers' executors).
+  """
+
+  def __init__(self, type_spec, pieces: list[_Piece]):
+    self.type_signature = type_spec
+    self._pieces = pieces
+    self._starts = [sum(p.size for p in pieces[:i]) for i in range(len(pieces))]
+
+  @property
+  def cardinality(self):
+    return {tff.CLIENTS: sum(p.size for p in self._check_held())}
+
+  def _check_held(self) -> list[_Piece]:
+    if self._pieces is None:
+      raise ValueError('This ResidentValue was released: its values left the workers.')
+    return self._pieces
+
+  def __getitem__(self, index: slice) -> _Piece:
+    """The shard of clients `index.start` to `index.stop` (as a call's arguments are
+    split: the same contiguous shards)."""
+    pieces = self._check_held()
+    for start, piece in zip(self._starts, pieces):
+      if (index.start or 0, index.stop) == (start, start + piece.size):
+        return piece
+    raise ValueError(f'Clients {index.start}:{index.stop} are not one worker\'s shard '
+                     f'of this ResidentValue (shards of {[p.size for p in pieces]}).')
+
+  def release(self) -> None:
+    """Frees the shards on the workers (at once; a worker that is away is skipped)."""
+    if self._pieces is None:
+      return
+    executors = [p.remote._executor for p in self._pieces]  # pylint: disable=protected-access
+    # TFF disposes a remote value when its last reference goes, in batches: drop
+    # ours, then send the executors' pending batches now.
+    self._pieces = None
+    for executor in executors:
+      _flush_disposals(executor)
+
+  def __enter__(self) -> 'ResidentValue':
+    return self
+
+  def __exit__(self, *exc_info):
+    self.release()
+
+
+def _flush_disposals(executor) -> None:
+  """Sends `executor`'s (a `tff.framework.RemoteExecutor`) batch of values to dispose
+  now rather than once it holds 20 (TFF's batch size; a shard of updates can be
+  large). TFF 0.87 has no public call for it."""
+  # pylint: disable=protected-access
+  pending = executor._dispose_request
+  if pending is None or not pending.value_ref:
+    return
+  executor._dispose_request = executor_pb2.DisposeRequest(
+      executor=executor._executor_id)
+  executor._stub.dispose(pending)
+  # pylint: enable=protected-access
+
+
+def _holds_pieces(value) -> bool:
+  if isinstance(value, _Piece):
+    return True
+  if isinstance(value, structure.Struct):
+    return any(_holds_pieces(v) for _, v in structure.iter_elements(value))
+  if isinstance(value, (list, tuple)):
+    return any(_holds_pieces(v) for v in value)
+  if isinstance(value, dict):
+    return any(_holds_pieces(v) for v in value.values())
+  return False
+
+
+def _to_python(value):
+  return structure.to_odict_or_tuple(value) if isinstance(
+      value, structure.Struct) else None
+
+
+class _WorkerInvoker:
+  """Invokes computations on one worker as its `AsyncExecutionContext` does, except
+  that an argument holding shards of `ResidentValue`s refers to them on the worker
+  (TFF's context would serialize every argument again)."""
+
+  def __init__(self, worker: _WorkerContext, compiler):
+    self._worker, self._compiler = worker, compiler
+
+  async def invoke(self, comp, arg):
+    if not _holds_pieces(arg):
+      return await self._worker.context.invoke(comp, arg)
+    return await self._run(comp, arg, keep=())
+
+  async def create(self, value, type_spec) -> _Piece:
+    """`value` (a shard of a CLIENTS-placed value of `type_spec`) on this worker."""
+    size = len(value)
+    with self._executor({tff.CLIENTS: size}) as executor:
+      remote = await executor.create_value(_normalized(value), type_spec)
+    return _Piece(self._worker, remote, size)
+
+  async def run_keeping(self, comp, arg, keep):
+    """`comp(arg)`, its elements named in `keep` left here (`_run`)."""
+    return await self._run(comp, arg, keep)
+
+  @contextlib.contextmanager
+  def _executor(self, cardinalities):
+    """The worker's executor for `cardinalities` (TFF's: created once, cached); reset
+    on failure as TFF's context does. A worker that was away raises `WorkerError`:
+    what it held for the round is gone, so the call is not retried."""
+    factory = self._worker.executor_factory
+    try:
+      yield factory.create_executor(dict(cardinalities))
+    except tff.framework.RetryableError as e:
+      factory.clean_up_executor(dict(cardinalities))
+      raise WorkerError(self._worker.address, 'was unreachable during the round; the '
+                        f'values it held for the round are gone ({e}).') from e
+    except Exception:
+      factory.clean_up_executor(dict(cardinalities))
+      raise
+
+  async def _run(self, comp, arg, keep):
+    """`comp(arg)` on this worker. With `keep` (names of elements of the result, a
+    struct), returns (the other elements computed, by name; the kept elements'
+    remote values, by name), else the result."""
+    result_type = comp.type_signature.result
+    compiled = self._compiler.compile(comp)
+    parameter = compiled.type_signature.parameter
+    cardinalities = (cardinalities_utils.infer_cardinalities(arg, parameter)
+                     if arg is not None else {})
+    with self._executor(cardinalities) as executor:
+      ingested = (await self._ingest(executor, arg, parameter)
+                  if arg is not None else None)
+      function = await executor.create_value(compiled, compiled.type_signature)
+      call = await executor.create_call(function, ingested)
+      if not keep:
+        value = await call.compute()
+        return tensorflow_computation.transform_result(
+            type_conversions.type_to_py_container(value, result_type))
+      names = structure.name_list(compiled.type_signature.result)
+      computed, kept = collections.OrderedDict(), collections.OrderedDict()
+      for index, name in enumerate(names):
+        selection = await executor.create_selection(call, index)
+        if name in keep:
+          kept[name] = selection
+        else:
+          computed[name] = tensorflow_computation.transform_result(
+              type_conversions.type_to_py_container(await selection.compute(),
+                                                    result_type[name]))
+      return computed, kept
+
+  async def _ingest(self, executor, value, type_spec):
+    if isinstance(value, _Piece):
+      if value.worker is not self._worker or value.remote._executor is not executor:  # pylint: disable=protected-access
+        raise ValueError('A ResidentValue\'s shard was passed to another worker or '
+                         'after the worker\'s executor was reset.')
+      return value.remote
+    if not _holds_pieces(value):
+      return await executor.create_value(_normalized(value), type_spec)
+    elements = structure.iter_elements(structure.from_container(value))
+    names = [name for name, _ in structure.iter_elements(type_spec)]
+    refs = await asyncio.gather(*(
+        self._ingest(executor, element, element_type)
+        for (_, element), (_, element_type) in zip(
+            elements, structure.iter_elements(type_spec))))
+    return await executor.create_struct(structure.Struct(list(zip(names, refs))))
+
+
+def _normalized(value):
+  """An argument as TFF's context serializes it (Structs as Python containers,
+  tensors as numpy)."""
+  return tensorflow_computation.transform_args(tree.traverse(_to_python, value))
+
+
 class DistributedContext(tff.framework.SyncContext):
   """A synchronous TFF context that spreads clients over worker_binary processes.
 
@@ -411,7 +616,8 @@ class DistributedContext(tff.framework.SyncContext):
   def __init__(self, addresses, *, credentials=None,
                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
-               unavailable_timeout: float = DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS):
+               unavailable_timeout: float = DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS,
+               keep_round_values: bool = True):
     """Connects to the workers (waits up to `connect_timeout` s for each).
 
     Args:
@@ -425,6 +631,10 @@ class DistributedContext(tff.framework.SyncContext):
       connect_timeout: seconds to wait for a worker at start; finite, > 0.
       unavailable_timeout: seconds a worker may be unreachable during a call
         before `WorkerError`; finite, > 0.
+      keep_round_values: whether `keep_on_workers` keeps values on the workers
+        (the pass-by-pass aggregations then send each client's update to its worker
+        once per round); False: it returns them as they are and every call sends
+        its arguments (the behaviour before issue 39, for comparison).
 
     Raises:
       TypeError: for a limit of the wrong type (e.g. a float `max_message_bytes`).
@@ -458,6 +668,11 @@ class DistributedContext(tff.framework.SyncContext):
     self._compiler = compiler_pipeline.CompilerPipeline(
         mergeable_comp_compiler.compile_to_mergeable_comp_form)
     self._runner = async_utils.AsyncThreadRunner()
+    self.keep_round_values = bool(keep_round_values)
+    # The workers' own compiler (their contexts'), for calls on resident values.
+    native = compiler_pipeline.CompilerPipeline(
+        native_compiler.desugar_and_transform_to_native)
+    self._invokers = [_WorkerInvoker(w, native) for w in self._workers]
 
   @property
   def num_workers(self) -> int:
@@ -507,7 +722,7 @@ class DistributedContext(tff.framework.SyncContext):
     aggregates in the order the workers *finish*, so per-client results came back
     permuted and sums were added in a timing-dependent order.
     """
-    contexts = [w.context for w in self._workers]
+    contexts = self._invokers
     if arg is None:
       shards = [None] * len(contexts)
     else:
@@ -516,6 +731,82 @@ class DistributedContext(tff.framework.SyncContext):
         _invoke_in_order(form, shards, contexts))
     return type_conversions.type_to_py_container(
         result, form.after_merge.type_signature.result)
+
+  @contextlib.contextmanager
+  def keep_on_workers(self, value, type_spec):
+    """Sends `value` (CLIENTS-placed, of `type_spec`) to the workers once and yields
+    a `ResidentValue` to pass in its place to the computations of the block; frees
+    it on the workers when the block ends.
+
+    Each worker receives its contiguous shard of the clients (the shard every call
+    gives it), so a computation called on it sends the workers its other arguments
+    only: an aggregation with K passes sends each client's update once, not K
+    times, and TFF's second copy of one worker's shard (the part after the merge
+    takes the original arguments) is a reference too. Yields `value` itself if it is
+    a `ResidentValue` already, holds no client, or `keep_round_values` is False.
+    """
+    type_spec = tff.to_type(type_spec)
+    if not (isinstance(type_spec, tff.FederatedType) and
+            type_spec.placement == tff.CLIENTS and not type_spec.all_equal):
+      raise TypeError(f'keep_on_workers takes a CLIENTS-placed value, got {type_spec}.')
+    if (not self.keep_round_values or isinstance(value, ResidentValue) or
+        not len(value)):  # pylint: disable=g-explicit-length-test
+      yield value
+      return
+    shards = _shards(value, type_spec, self.num_workers)
+    pieces = self._runner.run_coro_and_return_result(_gather(
+        invoker.create(shard, type_spec)
+        for invoker, shard in zip(self._invokers, shards)))
+    resident = ResidentValue(type_spec, pieces)
+    del pieces  # The resident value holds the only references: `release` frees them.
+    with resident:
+      yield resident
+
+  def invoke_keeping(self, comp, arg, keep: Sequence[str]):
+    """`comp(arg)` with the result's elements named in `keep` left on the workers.
+
+    `comp` has no aggregation (e.g. local training: the clients' updates and weights
+    are kept where they were computed, for the passes of the aggregation that
+    follows) and returns a struct. Returns an `OrderedDict` of its elements: those
+    in `keep` as `ResidentValue`s (the caller releases them), the others computed
+    (CLIENTS-placed ones in client order, the rest from the first worker: every
+    worker computes them from the same arguments). With `keep_round_values` False,
+    everything is computed (`invoke`).
+
+    Raises:
+      ValueError: if `comp` aggregates, or `keep` names no CLIENTS-placed element.
+    """
+    result_type = comp.type_signature.result
+    names = structure.name_list(result_type) if isinstance(
+        result_type, tff.StructType) else []
+    for name in keep:
+      if name not in names or not (
+          isinstance(result_type[name], tff.FederatedType) and
+          result_type[name].placement == tff.CLIENTS):
+        raise ValueError(f'{name!r} is not a CLIENTS-placed element of {result_type}.')
+    if tree_analysis.find_aggregations_in_tree(comp.to_building_block()):
+      raise ValueError('invoke_keeping runs computations without aggregation; '
+                       f'{comp.type_signature} aggregates.')
+    if not self.keep_round_values:
+      result = self.invoke(comp, arg)
+      return collections.OrderedDict((name, result[name]) for name in names)
+    shards = _shards(arg, comp.type_signature.parameter, self.num_workers)
+    outputs = self._runner.run_coro_and_return_result(_gather(
+        invoker.run_keeping(comp, shard, keep)
+        for invoker, shard in zip(self._invokers, shards)))
+    result = collections.OrderedDict()
+    for name in names:
+      element_type = result_type[name]
+      if name in keep:
+        result[name] = ResidentValue(element_type, [
+            _Piece(worker, kept[name], _num_clients(shard, comp.type_signature.parameter))
+            for worker, shard, (_, kept) in zip(self._workers, shards, outputs)])
+      elif (isinstance(element_type, tff.FederatedType) and
+            element_type.placement == tff.CLIENTS and not element_type.all_equal):
+        result[name] = [v for computed, _ in outputs for v in computed[name]]
+      else:
+        result[name] = outputs[0][0][name]
+    return result
 
   def wait_until_connected(self, timeout: float) -> None:
     """Blocks until this context's channel to every worker is ready, e.g. after a
@@ -542,6 +833,7 @@ class DistributedContext(tff.framework.SyncContext):
     for worker in self._workers:
       worker.close()
     self._workers = []
+    self._invokers = []
 
 
 # What TFF's compiler says of a computation whose aggregations depend on one another.
@@ -572,6 +864,14 @@ def _shards(value, type_spec, num_shards: int) -> list:
     shards.append(_clients_slice(value, type_spec, start, stop))
     start = stop
   return shards
+
+
+def _num_clients(value, type_spec) -> int:
+  return cardinalities_utils.infer_cardinalities(value, type_spec).get(tff.CLIENTS, 0)
+
+
+async def _gather(coroutines):
+  return await asyncio.gather(*coroutines)
 
 
 def _clients_slice(value, type_spec, start: int, stop: int):

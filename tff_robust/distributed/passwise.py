@@ -31,8 +31,11 @@ geometric median's `objective` when it is reported); with the geometric median's
 default relative ν every pass is preceded by one more call that broadcasts v and
 sums a small histogram (`tff_robust.aggregators.robust_scale`), up to 2R + 1 calls. In a
 deployment clients keep their update between passes, so each pass moves one or two
-broadcasts and one model-sized partial sum per worker. A simulation that holds the
-updates in Python sends each worker its clients' updates with every pass call.
+broadcasts and one model-sized partial sum per worker. On
+`tff_robust.distributed.DistributedContext`'s workers the same holds: `next` sends
+each worker its clients' updates and weights once (`keep_on_workers`; none at all
+when they are still there from training, as in the learning processes' `next`), and
+every pass call then sends v and refers to them.
 
 Factories other than `tff_robust.iterative.iterative_steps.IterativeAggregationFactory`s are run as
 their own single computation (FedAvg's mean, GMA, ... are mergeable as they are; the
@@ -123,10 +126,31 @@ class PasswiseFactory:
       client_step = (nonfinite.client_filter(value_type, weight_type) if filtered
                      else None)
       passes = iterative_steps.PassByPass(factory.steps(value_type), weight_type, client_step)
-      return PasswiseProcess(passes.initialize, _reporting_count(passes.next, filtered),
+      next_fn = _reporting_count(passes.next, filtered)
+      return PasswiseProcess(passes.initialize,
+                             _keeping_clients(next_fn, value_type, weight_type),
                              len(passes.computations))
     process = self._factory.create(value_type, weight_type)
-    return PasswiseProcess(process.initialize, process.next, 1)
+    return PasswiseProcess(process.initialize,
+                           _keeping_clients(process.next, value_type, weight_type), 1)
+
+
+def _keeping_clients(next_fn, value_type, weight_type):
+  """`next_fn` whose clients' values and weights, in a context that keeps values on
+  its workers (`tff_robust.distributed.DistributedContext.keep_on_workers`), go to
+  the workers once for all its pass computations (in a deployment the clients
+  hold them; otherwise every pass would send them again)."""
+  value_type = tff.FederatedType(value_type, tff.CLIENTS)
+  weight_type = tff.FederatedType(weight_type, tff.CLIENTS)
+
+  def next_keeping(state, values, weights):
+    keep = getattr(tff.framework.get_context_stack().current, 'keep_on_workers', None)
+    if keep is None:
+      return next_fn(state, values, weights)
+    with keep(values, value_type) as values, keep(weights, weight_type) as weights:
+      return next_fn(state, values, weights)
+
+  return next_keeping
 
 
 def _reporting_count(next_fn, filtered: bool):

@@ -217,9 +217,11 @@ class PasswiseLearningNext:
 
   `PasswiseLearningNext(process, <the arguments process was built with>)(arg)` with
   `arg = (state, client_data)` returns `process.next(state, client_data)`'s value.
-  Per-client values (updates, weights, unfinalized metrics) pass through the caller
-  between the computations, as the clients would keep them; the server-side code
-  sees their sums only.
+  Per-client values (updates, weights, unfinalized metrics) pass between the
+  computations as the clients would keep them; the server-side code sees their sums
+  only. On `tff_robust.distributed.DistributedContext`'s workers they stay on the
+  workers that trained them for the whole round (`invoke_keeping`); elsewhere they
+  pass through the caller.
 
   Attributes:
     computations_per_call: TFF computations one call invokes.
@@ -303,10 +305,26 @@ class PasswiseLearningNext:
 
   def __call__(self, arg):
     state, client_data = arg[0], arg[1]
-    trained = self._train(state, client_data)
-    aggregated = self._aggregation.next(
-        state.aggregator, trained['update'], trained['update_weight'])
-    return self._finish(state, trained['model_outputs'],
-                        trained['distributor_state'],
-                        trained['distributor_measurements'], aggregated.state,
-                        aggregated.result, aggregated.measurements)
+    context = tff.framework.get_context_stack().current
+    if hasattr(context, 'invoke_keeping'):
+      # The workers keep what training computed per client, for the passes and the
+      # metrics: none of it goes to the driver and back
+      # (`DistributedContext.invoke_keeping`).
+      trained = context.invoke_keeping(self._train, (state, client_data),
+                                       keep=_PER_CLIENT)
+    else:
+      trained = self._train(state, client_data)
+    try:
+      aggregated = self._aggregation.next(
+          state.aggregator, trained['update'], trained['update_weight'])
+      return self._finish(state, trained['model_outputs'],
+                          trained['distributor_state'],
+                          trained['distributor_measurements'], aggregated.state,
+                          aggregated.result, aggregated.measurements)
+    finally:
+      for name in _PER_CLIENT:
+        getattr(trained[name], 'release', lambda: None)()
+
+
+# What training computes per client.
+_PER_CLIENT = ('update', 'update_weight', 'model_outputs')
