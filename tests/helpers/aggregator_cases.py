@@ -119,3 +119,22 @@ class SecureSumContextMixin:
   def tearDownClass(cls):
     tff.backends.native.set_sync_local_cpp_execution_context()
     super().tearDownClass()
+
+
+def simulation_round(kind: str, seed: int, num_clients: int = 9):
+  """One round of the simulation's inputs: updates (lists `[[3, 2], [4]]` of arrays)
+  and weights. `kind` 'faulty' puts NaN and inf in two updates and a zero and a NaN
+  weight; 'attacked' two equal clients at 1e30 and a tie; 'random' neither."""
+  rng = np.random.default_rng(seed)
+  matrix = rng.normal(size=(num_clients, 10)).astype(np.float32)
+  weights = rng.integers(1, 50, size=num_clients).astype(np.float32)
+  if kind == 'faulty':
+    matrix[1, 3] = np.nan
+    matrix[4, 0] = np.inf
+    weights[6] = 0.0
+    weights[7] = np.nan
+  elif kind == 'attacked':
+    matrix[:2] = -1e30 * matrix[2:].mean(axis=0)  # Far out, and equal.
+    matrix[2] = matrix[3]                            # A tie.
+  updates = [[row[:6].reshape(3, 2), row[6:]] for row in matrix]
+  return updates, weights

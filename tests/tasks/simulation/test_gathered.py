@@ -15,6 +15,7 @@ from tasks import builders
 from tasks import registry
 from tasks.simulation import gathered
 from tasks.simulation import loop
+from tests.helpers import aggregator_cases as cases
 
 # The simulation's value type: the model's trainable variables as a list.
 _VALUE_TYPE = tff.types.to_type([tff.TensorType(np.float32, [3, 2]),
@@ -22,22 +23,6 @@ _VALUE_TYPE = tff.types.to_type([tff.TensorType(np.float32, [3, 2]),
 _WEIGHT_TYPE = tff.TensorType(np.float32)
 _NUM_CLIENTS = 9
 
-
-def _clients(kind: str, seed: int):
-  """Updates (lists of arrays) and weights of one round."""
-  rng = np.random.default_rng(seed)
-  matrix = rng.normal(size=(_NUM_CLIENTS, 10)).astype(np.float32)
-  weights = rng.integers(1, 50, size=_NUM_CLIENTS).astype(np.float32)
-  if kind == 'faulty':
-    matrix[1, 3] = np.nan
-    matrix[4, 0] = np.inf
-    weights[6] = 0.0
-    weights[7] = np.nan
-  elif kind == 'attacked':
-    matrix[:2] = -1e30 * matrix[2:].mean(axis=0)  # Far out, and equal.
-    matrix[2] = matrix[3]                            # A tie.
-  updates = [[row[:6].reshape(3, 2), row[6:]] for row in matrix]
-  return updates, weights
 
 
 def _assert_same(testcase, expected, actual, path=''):
@@ -73,7 +58,7 @@ class InProcessAggregationTest(parameterized.TestCase):
     self.assertIsNotNone(aggregate)
     federated_state = in_process_state = process.initialize()
     for round_num in range(3):  # Stateful ones (bucketing, centered clipping) move.
-      updates, weights = _clients(kind, seed=round_num)
+      updates, weights = cases.simulation_round(kind, seed=round_num)
       expected = process.next(federated_state, updates, list(weights))
       actual = aggregate(in_process_state, updates, list(weights))
       _assert_same(self, expected.result, actual.result, f'{name} result')
@@ -105,14 +90,14 @@ class InProcessAggregationTest(parameterized.TestCase):
 
   def test_an_update_of_another_shape_is_refused(self):
     process, aggregate = _process_and_aggregation('median')
-    updates, weights = _clients('random', 0)
+    updates, weights = cases.simulation_round('random', 0)
     updates[3] = [updates[3][0], updates[3][1][:2]]
     with self.assertRaisesRegex(TypeError, r'shapes .*\(2,\).* created for'):
       aggregate(process.initialize(), updates, list(weights))
 
   def test_the_updates_are_released_as_they_are_copied(self):
     process, aggregate = _process_and_aggregation('median')
-    updates, weights = _clients('faulty', 0)
+    updates, weights = cases.simulation_round('faulty', 0)
     expected = process.next(process.initialize(), updates, list(weights))
     leaves = [weakref.ref(leaf) for update in updates for leaf in update]
     actual = aggregate(process.initialize(), updates, list(weights))
@@ -132,7 +117,7 @@ class InProcessAggregationTest(parameterized.TestCase):
 
   def test_every_client_non_finite_leaves_an_empty_matrix(self):
     process, aggregate = _process_and_aggregation('median')
-    updates, weights = _clients('random', 0)
+    updates, weights = cases.simulation_round('random', 0)
     updates = [[np.full_like(leaf, np.nan) for leaf in update] for update in updates]
     expected = process.next(process.initialize(), updates, list(weights))
     actual = aggregate(process.initialize(), updates, list(weights))

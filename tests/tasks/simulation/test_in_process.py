@@ -15,33 +15,17 @@ from tasks import registry
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import in_process
 from tasks.simulation import rounds
+from tests.helpers import aggregator_cases as cases
 from tff_robust import passwise
 
 # The simulation's value type: the model's trainable variables as a list.
 _VALUE_TYPE = tff.types.to_type([tff.TensorType(np.float32, [3, 2]),
                                  tff.TensorType(np.float32, [4])])
 _WEIGHT_TYPE = tff.TensorType(np.float32)
-_NUM_CLIENTS = 9
 # Every aggregator of the registry, and each wrapper around an iterative one.
 _NAMES = list(registry.AGGREGATORS) + ['arc+gm', 'arc+mean', 'bucketing+gm', 'nnm+gm',
                                        'arc+gamma_mean', 'bucketing+median']
 
-
-def _clients(kind: str, seed: int):
-  """Updates (lists of arrays) and weights of one round."""
-  rng = np.random.default_rng(seed)
-  matrix = rng.normal(size=(_NUM_CLIENTS, 10)).astype(np.float32)
-  weights = rng.integers(1, 50, size=_NUM_CLIENTS).astype(np.float32)
-  if kind == 'faulty':
-    matrix[1, 3] = np.nan
-    matrix[4, 0] = np.inf
-    weights[6] = 0.0
-    weights[7] = np.nan
-  elif kind == 'attacked':
-    matrix[:2] = -1e30 * matrix[2:].mean(axis=0)  # Far out, and equal.
-    matrix[2] = matrix[3]                            # A tie.
-  updates = [[row[:6].reshape(3, 2), row[6:]] for row in matrix]
-  return updates, weights
 
 
 def _assert_equal(testcase, expected, actual, exact: bool, path: str):
@@ -79,7 +63,7 @@ class AggregationTest(parameterized.TestCase):
                            gather.GatheringAggregationFactory)
     federated_state = in_process_state = process.initialize()
     for round_num in range(3):  # Stateful ones (clipping, bucketing) move.
-      updates, weights = _clients(kind, seed=round_num)
+      updates, weights = cases.simulation_round(kind, seed=round_num)
       expected = process.next(federated_state, updates, list(weights))
       actual = aggregate(in_process_state, list(updates), list(weights))
       _assert_equal(self, expected.result, actual.result, exact, f'{name} result')
@@ -90,7 +74,7 @@ class AggregationTest(parameterized.TestCase):
 
   def test_the_updates_are_dropped_once_taken(self):
     _, process, aggregate = _process_and_aggregation('gm')
-    updates, weights = _clients('random', 0)
+    updates, weights = cases.simulation_round('random', 0)
     aggregate(process.initialize(), updates, list(weights))
     self.assertEqual(updates, [])
 

@@ -85,18 +85,6 @@ def assert_same_structure(actual, expected):
   assert [name for name, _ in flat(actual)] == [name for name, _ in flat(expected)]
 
 
-@pytest.fixture(scope='module')
-def workers():
-  with distributed.LocalWorkers(2) as local:
-    yield local
-  assert not processes.running(local.pids)
-
-
-@pytest.fixture(scope='module')
-def context(workers):
-  context = distributed.DistributedContext(workers.addresses, connect_timeout=60)
-  yield context
-  context.close()
 
 
 def _single_process(name, values, weights, rounds=2):

@@ -25,7 +25,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
 
-from tests.helpers import processes
 import tff_robust
 from tff_robust import distributed
 from tff_robust.aggregators import centered_clipping
@@ -138,18 +137,6 @@ def _two_rounds(process):
   return outputs
 
 
-@pytest.fixture(scope='module')
-def workers():
-  with distributed.LocalWorkers(2) as local:
-    yield local
-  assert not processes.running(local.pids)
-
-
-@pytest.fixture(scope='module')
-def context(workers):
-  context = distributed.DistributedContext(workers.addresses, connect_timeout=60)
-  yield context
-  context.close()
 
 
 @pytest.mark.parametrize('name', sorted(PROCESSES))

@@ -15,7 +15,6 @@ import pytest
 import tensorflow_federated as tff
 
 from tests.helpers import aggregator_cases as cases
-from tests.helpers import processes
 from tests.tff_robust.distributed import test_distributed as aggregation_cases
 from tests.tff_robust.distributed import test_distributed_learning as learning_cases
 from tff_robust import distributed
@@ -78,12 +77,6 @@ def _client_members(value) -> int:
     return len(value.federated.value)
   return 0
 
-
-@pytest.fixture(scope='module')
-def workers():
-  with distributed.LocalWorkers(2) as local:
-    yield local
-  assert not processes.running(local.pids)
 
 
 @pytest.fixture(scope='module', params=[True, False], ids=['kept', 'resent'])
