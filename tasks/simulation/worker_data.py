@@ -32,8 +32,10 @@ file system, or a copy of a complete export: `export(task.train_data.client_ids)
 import base64
 import json
 import os
+import shutil
 import tempfile
 import uuid
+import weakref
 from typing import Optional, Sequence
 
 import numpy as np
@@ -77,14 +79,18 @@ class ClientDataDirectory:
     Args:
       task: a `tasks.builders.Task`.
       directory: an empty or missing directory, or one this class exported the same
-        task into (its manifest must match); default a new temporary directory.
+        task into (its manifest must match); default a new temporary directory,
+        deleted with this object (or at exit): an export only its run reads.
 
     Raises:
       ValueError: if `directory` holds an export of another task.
     """
     self._task = task
-    self.directory = os.path.abspath(directory or tempfile.mkdtemp(
-        prefix='tff_client_data_'))
+    if directory is None:
+      directory = tempfile.mkdtemp(prefix='tff_client_data_')
+      # Every run on workers would otherwise leave a copy of its clients in /tmp.
+      weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
+    self.directory = os.path.abspath(directory)
     self.data_attacks = sorted(task.data_attacks)
     self._spec = _raw_spec(task)
     os.makedirs(self.directory, exist_ok=True)

@@ -3,6 +3,7 @@
 
 import base64
 import collections
+import gc
 import os
 
 import numpy as np
@@ -121,6 +122,18 @@ def test_reopening_keeps_the_export_and_refuses_another_task(task, tmp_path):
   (stray / 'file').write_text('x')
   with pytest.raises(ValueError, match='not empty'):
     worker_data.ClientDataDirectory(task, str(stray))
+
+
+def test_a_temporary_export_goes_with_its_object_and_a_named_one_stays(task, tmp_path):
+  temporary = worker_data.ClientDataDirectory(task)
+  named = worker_data.ClientDataDirectory(task, str(tmp_path / 'clients'))
+  for client_data in (temporary, named):
+    client_data.export(task.train_data.client_ids[:1])
+  paths = temporary.directory, named.directory
+  del temporary, named
+  gc.collect()
+  assert not os.path.exists(paths[0])
+  assert os.listdir(paths[1])
 
 
 def test_shuffle_seeds_are_the_ones_tf_drew(task):
