@@ -53,7 +53,7 @@ FACTORIES = {
 }
 
 
-def _clients(seed=0, num_clients=7, nonfinite=True):
+def round_of_clients(seed=0, num_clients=7, nonfinite=True):
   rng = np.random.default_rng(seed)
   matrix = rng.normal(size=(num_clients, cases.DIMENSION))
   matrix[:2] += 20.0  # Outliers, so the robust passes move.
@@ -88,10 +88,10 @@ def assert_same_structure(actual, expected):
 
 
 def _single_process(name, values, weights, rounds=2):
-  return _single_process_rounds(name, [(values, weights)] * rounds)
+  return single_process_rounds(name, [(values, weights)] * rounds)
 
 
-def _single_process_rounds(name, rounds):
+def single_process_rounds(name, rounds):
   """Outputs of one round per `(values, weights)` of `rounds`, the state carried."""
   process = cases.process(('distributed', name), FACTORIES[name])
   state, outputs = process.initialize(), []
@@ -104,7 +104,7 @@ def _single_process_rounds(name, rounds):
 
 @pytest.mark.parametrize('name', sorted(FACTORIES))
 def test_passwise_process_equals_the_single_computation(name):
-  values, weights = _clients()
+  values, weights = round_of_clients()
   expected = _single_process(name, values, weights)
   process = passwise.PasswiseFactory(FACTORIES[name]()).create(
       cases.VALUE_TYPE, cases.WEIGHT_TYPE)
@@ -122,8 +122,8 @@ def test_passwise_process_equals_the_single_computation(name):
 def test_two_workers_equal_the_single_process(name, context):
   # Other clients in round 2: with the same ones a warm start would begin at their
   # median, where the relative gradient is a rounding-level difference of iterates.
-  rounds = [_clients(seed=1), _clients(seed=11)]
-  expected = _single_process_rounds(name, rounds)
+  rounds = [round_of_clients(seed=1), round_of_clients(seed=11)]
+  expected = single_process_rounds(name, rounds)
   process = passwise.PasswiseFactory(FACTORIES[name]()).create(
       cases.VALUE_TYPE, cases.WEIGHT_TYPE)
   with tff.framework.get_context_stack().install(context):
@@ -139,7 +139,7 @@ def test_two_workers_equal_the_single_process(name, context):
 @pytest.mark.parametrize('name', ['gm', 'secure_cclip_previous'])
 def test_multi_pass_aggregate_as_one_computation_is_refused_by_the_mergeable_context(
     name, context):
-  values, weights = _clients(nonfinite=False)
+  values, weights = round_of_clients(nonfinite=False)
   process = cases.process(('distributed', name), FACTORIES[name])
   with tff.framework.get_context_stack().install(context):
     with pytest.raises(ValueError, match='dependent'):
@@ -149,7 +149,7 @@ def test_multi_pass_aggregate_as_one_computation_is_refused_by_the_mergeable_con
 def test_one_step_median_without_objective_is_mergeable_as_it_is(context):
   # With the paper's absolute ν one-step RFA is a single aggregation (the relative ν
   # sums its histogram first: that one runs pass by pass).
-  values, weights = _clients(seed=2)
+  values, weights = round_of_clients(seed=2)
   factory = nonfinite.NonfiniteFilteringFactory(
       geometric_median.one_step_geometric_median_factory(
           nu=geometric_median.PAPER_NU, report_objective=False))
@@ -163,7 +163,7 @@ def test_one_step_median_without_objective_is_mergeable_as_it_is(context):
 
 
 def test_report_objective_false_drops_only_the_objective():
-  values, weights = _clients(seed=3)
+  values, weights = round_of_clients(seed=3)
   process = nonfinite.NonfiniteFilteringFactory(geometric_median.GeometricMedianFactory(
       num_communication_passes=3, tolerance=0.0, report_objective=False)).create(
           cases.VALUE_TYPE, cases.WEIGHT_TYPE)
@@ -175,7 +175,7 @@ def test_report_objective_false_drops_only_the_objective():
 
 
 def test_a_stopped_worker_is_named_in_the_error():
-  values, weights = _clients(seed=4, nonfinite=False)
+  values, weights = round_of_clients(seed=4, nonfinite=False)
   process = cases.process(('distributed', 'mean'), FACTORIES['mean'])
   with distributed.LocalWorkers(2) as local:
     with distributed.distributed_execution(local.addresses,
@@ -202,7 +202,7 @@ def test_a_dead_worker_fails_the_call_once_and_closing_does_not_wait_for_it():
   # state does not wait: before issue 39 each of them waited the timeout again (3 × 10
   # s to the error, 3 × 10 s more in close()).
   timeout = 10.0
-  values, weights = _clients(seed=5, nonfinite=False)
+  values, weights = round_of_clients(seed=5, nonfinite=False)
   process = passwise.PasswiseFactory(FACTORIES['gm']()).create(
       cases.VALUE_TYPE, cases.WEIGHT_TYPE)
   with distributed.LocalWorkers(2) as local:

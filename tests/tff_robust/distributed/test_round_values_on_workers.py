@@ -93,8 +93,8 @@ def _gm_process():
 
 
 def test_an_iterative_aggregate_sends_each_update_once_per_round(context, monkeypatch):
-  rounds = [aggregation_cases._clients(seed=1), aggregation_cases._clients(seed=11)]  # pylint: disable=protected-access
-  expected = aggregation_cases._single_process_rounds('gm', rounds)  # pylint: disable=protected-access
+  rounds = [aggregation_cases.round_of_clients(seed=seed) for seed in (1, 11)]
+  expected = aggregation_cases.single_process_rounds('gm', rounds)
   process = _gm_process()
   calls = process.computations_per_call
   assert calls == 7  # R = 3 passes, each with its scale pass, and the last one.
