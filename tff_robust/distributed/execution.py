@@ -799,7 +799,8 @@ class DistributedContext(tff.framework.SyncContext):
       element_type = result_type[name]
       if name in keep:
         result[name] = ResidentValue(element_type, [
-            _Piece(worker, kept[name], _num_clients(shard, comp.type_signature.parameter))
+            _Piece(worker, kept[name],
+                   _num_clients(shard, comp.type_signature.parameter) or 0)
             for worker, shard, (_, kept) in zip(self._workers, shards, outputs)])
       elif (isinstance(element_type, tff.FederatedType) and
             element_type.placement == tff.CLIENTS and not element_type.all_equal):
@@ -850,8 +851,7 @@ def _shards(value, type_spec, num_shards: int) -> list:
   elsewhere (e.g. `f(clients_value, server_value)`: 5 clients over 2 workers ran
   clients 0-2 twice).
   """
-  num_clients = cardinalities_utils.infer_cardinalities(value, type_spec).get(
-      tff.CLIENTS)
+  num_clients = _num_clients(value, type_spec)
   if num_clients is None:  # No CLIENTS-placed argument.
     return [value] * num_shards
   if num_clients == 0:
@@ -866,8 +866,9 @@ def _shards(value, type_spec, num_shards: int) -> list:
   return shards
 
 
-def _num_clients(value, type_spec) -> int:
-  return cardinalities_utils.infer_cardinalities(value, type_spec).get(tff.CLIENTS, 0)
+def _num_clients(value, type_spec) -> Optional[int]:
+  """How many clients `value`'s CLIENTS-placed elements hold; None without any."""
+  return cardinalities_utils.infer_cardinalities(value, type_spec).get(tff.CLIENTS)
 
 
 async def _gather(coroutines):

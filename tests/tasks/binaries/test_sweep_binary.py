@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.helpers import command_lines
 from tests.helpers import processes
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
@@ -48,7 +49,8 @@ def test_results_dir_gets_the_table_with_its_command_and_the_plots(tmp_path):
   assert '0 of 4 runs trained' in (results / 'summary.md').read_text(encoding='utf-8')
 
 
-@pytest.mark.parametrize('module, flags, message', [
+# Bad flags of the sweep binaries: (binary, flags, a pattern of what stderr says).
+_BAD_FLAGS = [
     ('sweep', '--seeds=-1', '--seeds must be integers ≥ 0'),
     ('sweep', '--attacks=alei --attack_args=z=1', 'alei unknown'),
     ('sweep', f'--results_dir={os.path.abspath(__file__)}', '--results_dir=.*is a file'),
@@ -57,13 +59,30 @@ def test_results_dir_gets_the_table_with_its_command_and_the_plots(tmp_path):
     ('leaderboard', '--readme_model=lstm', '--readme_model=lstm is not a model'),
     ('leaderboard', f'--ledger={_REPO}', '--ledger=.*is a directory'),
     ('main_job', '--readme=/nonexistent/README.md', '--readme=.*no such file'),
-])
-def test_bad_flags_stop_the_sweep_binaries_before_training(tmp_path, module, flags,
-                                                           message):
-  result = subprocess.run(
-      [sys.executable, '-m', f'tasks.binaries.{module}', '--data_source=synthetic',
-       f'--output_dir={tmp_path / "runs"}', *flags.split()], cwd=_REPO,
-      capture_output=True, text=True, timeout=600, env=processes.quiet_env())
+]
+
+
+@pytest.fixture(scope='module')
+def bad_flag_results(tmp_path_factory):
+  """Each case's result and its output directory; a binary's cases run in one
+  process (`command_lines.run_each`)."""
+  root = tmp_path_factory.mktemp('bad_flags')
+  results = {}
+  for module in sorted({module for module, _, _ in _BAD_FLAGS}):
+    cases = [(i, flags) for i, (m, flags, _) in enumerate(_BAD_FLAGS) if m == module]
+    lines = [['--data_source=synthetic', f'--output_dir={root / str(i)}', *flags.split()]
+             for i, flags in cases]
+    for (i, _), result in zip(cases, command_lines.run_each(f'tasks.binaries.{module}',
+                                                             lines)):
+      results[i] = result, root / str(i)
+  return results
+
+
+@pytest.mark.parametrize('case', range(len(_BAD_FLAGS)),
+                         ids=[f'{m}-{flags}' for m, flags, _ in _BAD_FLAGS])
+def test_bad_flags_stop_the_sweep_binaries_before_training(bad_flag_results, case):
+  result, output_dir = bad_flag_results[case]
   assert result.returncode != 0
-  assert re.search(message, result.stderr), result.stderr[-2000:]
-  assert not (tmp_path / 'runs').exists()
+  assert re.search(_BAD_FLAGS[case][2], result.stderr), result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr
+  assert not output_dir.exists()

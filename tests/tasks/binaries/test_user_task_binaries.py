@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from tests.helpers import command_lines
 from tests.helpers import processes
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
@@ -90,7 +91,8 @@ def returns_a_dict(seed=0):
 '''
 
 
-@pytest.mark.parametrize('flags, message', [
+# --task values (and flags beside them) that name no task: (flags, what stderr says).
+_NOT_A_TASK = [
     (['--task=docs.examples.my_task'],
      '--task=docs.examples.my_task is not a built-in task (emnist, shakespeare, '
      'sent140) nor an import path package.module:function'),
@@ -109,17 +111,30 @@ def returns_a_dict(seed=0):
      'ERROR: the value of bad_tasks_module:returns_a_dict() is a builtins.dict, not '
      'a tasks.builders.Task. Fix: build the task with '
      'tasks.builders.Task.from_keras(...)'),
-])
-def test_a_task_that_is_not_one_is_refused_before_training(tmp_path, flags, message):
-  (tmp_path / 'bad_tasks_module.py').write_text(textwrap.dedent(_BAD_TASKS))
-  env = dict(processes.quiet_env(), PYTHONPATH=str(tmp_path))
-  result = _binary('train', *flags, '--rounds=1',
-                   f'--root_output_dir={tmp_path / "runs"}', '--noprogress', env=env)
+]
+
+
+@pytest.fixture(scope='module')
+def not_a_task_results(tmp_path_factory):
+  """Each case's result and its output root, all run by one process
+  (`command_lines.run_each`) that can import `bad_tasks_module`."""
+  root = tmp_path_factory.mktemp('not_a_task')
+  (root / 'bad_tasks_module.py').write_text(textwrap.dedent(_BAD_TASKS))
+  env = dict(processes.quiet_env(), PYTHONPATH=str(root))
+  lines = [[*flags, '--rounds=1', f'--root_output_dir={root / f"runs{i}"}', '--noprogress']
+           for i, (flags, _) in enumerate(_NOT_A_TASK)]
+  results = command_lines.run_each('tasks.binaries.train', lines, env=env)
+  return [(result, root / f'runs{i}') for i, result in enumerate(results)]
+
+
+@pytest.mark.parametrize('case', range(len(_NOT_A_TASK)),
+                         ids=[message[:40] for _, message in _NOT_A_TASK])
+def test_a_task_that_is_not_one_is_refused_before_training(not_a_task_results, case):
+  result, runs = not_a_task_results[case]
   assert result.returncode == 1, result.stderr[-3000:]
-  assert message in result.stderr, result.stderr[-3000:]
+  assert _NOT_A_TASK[case][1] in result.stderr, result.stderr[-3000:]
   assert 'Traceback' not in result.stderr
-  assert not (tmp_path / 'runs').exists() or not any(
-      (tmp_path / 'runs').rglob('metrics.csv'))
+  assert not runs.exists() or not any(runs.rglob('metrics.csv'))
 
 
 def test_a_sweep_of_the_example_with_its_data_attack(tmp_path):

@@ -10,6 +10,7 @@ import tensorflow_federated as tff
 from baselines import wrappers
 from tests.helpers import aggregator_cases as cases
 from tests.helpers import processes
+from tests.helpers import structures
 from tff_robust.aggregators import centered_clipping
 from tff_robust import distributed
 from tff_robust.aggregators import gamma_mean
@@ -22,7 +23,6 @@ from tff_robust.distributed import passwise
 # `pytest -m "not slow"` tier.
 pytestmark = pytest.mark.slow
 
-RELATIVE_TOLERANCE = 1e-6
 
 def _filtered(build):
   """As `tasks.registry` builds them: the non-finite filter in front (the inputs hold
@@ -64,29 +64,6 @@ def round_of_clients(seed=0, num_clients=7, nonfinite=True):
   return values, list(weights)
 
 
-def _leaves(structure):
-  return [np.asarray(leaf, np.float64) for leaf in tff.structure.flatten(
-      tff.structure.from_container(structure, recursive=True))]
-
-
-def assert_same(actual, expected, rtol=RELATIVE_TOLERANCE):
-  """Same structure; every leaf within `rtol` of the expected (relative to its norm)."""
-  actual, expected = _leaves(actual), _leaves(expected)
-  assert len(actual) == len(expected)
-  for a, e in zip(actual, expected):
-    assert a.shape == e.shape
-    scale = max(np.linalg.norm(e), 1e-30)
-    assert np.linalg.norm(a - e) <= rtol * scale, (a, e)
-
-
-def assert_same_structure(actual, expected):
-  flat = lambda s: list(tff.structure.to_elements(  # pylint: disable=g-long-lambda
-      tff.structure.from_container(s, recursive=True)))
-  assert [name for name, _ in flat(actual)] == [name for name, _ in flat(expected)]
-
-
-
-
 def _single_process(name, values, weights, rounds=2):
   return single_process_rounds(name, [(values, weights)] * rounds)
 
@@ -111,10 +88,10 @@ def test_passwise_process_equals_the_single_computation(name):
   state = process.initialize()
   for want in expected:
     got = process.next(state, values, weights)
-    assert_same_structure(got.measurements, want.measurements)
-    assert_same(got.result, want.result)
-    assert_same(got.measurements, want.measurements)
-    assert_same(got.state, want.state)
+    structures.assert_same_structure(got.measurements, want.measurements)
+    structures.assert_same(got.result, want.result)
+    structures.assert_same(got.measurements, want.measurements)
+    structures.assert_same(got.state, want.state)
     state = got.state
 
 
@@ -130,9 +107,9 @@ def test_two_workers_equal_the_single_process(name, context):
     state = process.initialize()
     for want, (values, weights) in zip(expected, rounds):
       got = process.next(state, values, weights)
-      assert_same(got.result, want.result)
-      assert_same(got.measurements, want.measurements)
-      assert_same(got.state, want.state)
+      structures.assert_same(got.result, want.result)
+      structures.assert_same(got.measurements, want.measurements)
+      structures.assert_same(got.state, want.state)
       state = got.state
 
 
@@ -158,8 +135,8 @@ def test_one_step_median_without_objective_is_mergeable_as_it_is(context):
   assert 'objective' not in expected.measurements
   with tff.framework.get_context_stack().install(context):
     got = process.next(process.initialize(), values, weights)
-  assert_same(got.result, expected.result)
-  assert_same(got.measurements, expected.measurements)
+  structures.assert_same(got.result, expected.result)
+  structures.assert_same(got.measurements, expected.measurements)
 
 
 def test_report_objective_false_drops_only_the_objective():
@@ -171,7 +148,7 @@ def test_report_objective_false_drops_only_the_objective():
   reference = _single_process('gm', values, weights, rounds=1)[0]
   assert list(output.measurements) == [
       k for k in reference.measurements if k != 'objective']
-  assert_same(output.result, reference.result)
+  structures.assert_same(output.result, reference.result)
 
 
 def test_a_stopped_worker_is_named_in_the_error():
@@ -194,7 +171,7 @@ def test_a_stopped_worker_is_named_in_the_error():
     pids = local.pids
   assert not processes.running(pids)
   want = process.next(process.initialize(), values, weights)
-  assert_same(got.result, want.result)
+  structures.assert_same(got.result, want.result)
 
 
 def test_a_dead_worker_fails_the_call_once_and_closing_does_not_wait_for_it():

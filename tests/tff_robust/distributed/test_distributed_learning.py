@@ -25,6 +25,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
 
+from tests.helpers import structures
 import tff_robust
 from tff_robust import distributed
 from tff_robust.aggregators import centered_clipping
@@ -41,7 +42,6 @@ from tff_robust.learning import personalization
 # Starts worker processes and trains: not in the `pytest -m "not slow"` tier.
 pytestmark = pytest.mark.slow
 
-RELATIVE_TOLERANCE = 1e-6
 # Generous: a worker that hangs fails the test instead of the session; nothing here
 # waits a fixed time for something to happen.
 _HANG = 300
@@ -116,18 +116,6 @@ PROCESSES = {
 }
 
 
-def _leaves(structure):
-  return [np.asarray(leaf, np.float64) for leaf in tf.nest.flatten(structure)]
-
-
-def assert_same(actual, expected, rtol=RELATIVE_TOLERANCE):
-  """Same structure; every leaf within `rtol` of the expected (relative to its norm)."""
-  tf.nest.assert_same_structure(actual, expected)
-  for a, e in zip(_leaves(actual), _leaves(expected)):
-    assert a.shape == e.shape
-    assert np.linalg.norm(a - e) <= rtol * max(np.linalg.norm(e), 1e-30), (a, e)
-
-
 def _two_rounds(process):
   state, outputs = process.initialize(), []
   for seed in (1, 2):
@@ -150,8 +138,8 @@ def test_two_workers_equal_one_process(name, context):
   for want, output in zip(expected, got):
     assert type(output) is type(want)
     assert type(output.state) is type(want.state)
-    assert_same(output.state, want.state)
-    assert_same(output.metrics, want.metrics)
+    structures.assert_same(output.state, want.state)
+    structures.assert_same(output.metrics, want.metrics)
   assert passwise.equivalent(process.next).mergeable is mergeable
   # Every client counted once (against an independent count, not only the process).
   assert output.metrics['client_work']['train']['num_examples'] == sum(
@@ -166,8 +154,8 @@ def test_the_pass_by_pass_round_equals_the_single_computation_in_one_process():
   want = process.next(state, data)
   equivalent = passwise.equivalent(process.next)
   got = equivalent((state, data))
-  assert_same(got.state, want.state, rtol=1e-7)
-  assert_same(got.metrics, want.metrics, rtol=1e-7)
+  structures.assert_same(got.state, want.state, rtol=1e-7)
+  structures.assert_same(got.metrics, want.metrics, rtol=1e-7)
 
 
 def test_an_unregistered_multi_pass_process_is_refused_with_a_hint(context):
@@ -250,8 +238,8 @@ def test_the_readme_snippet_runs_rfa_as_written():
   exec(snippet, namespace)  # pylint: disable=exec-used
   process = namespace['process']
   want = process.next(process.initialize(), client_data)
-  assert_same(namespace['output'].state, want.state)
-  assert_same(namespace['output'].metrics, want.metrics)
+  structures.assert_same(namespace['output'].state, want.state)
+  structures.assert_same(namespace['output'].metrics, want.metrics)
 
 
 @pytest.fixture(scope='module')
@@ -309,8 +297,8 @@ def test_rfa_on_authenticated_workers_equals_one_process(deployment, worker_imag
       assert 'accepted a driver from 127.0.0.1:' in f.read()
   assert all(sent > 0 and received > 0 for sent, received in traffic.values())
   for want, output in zip(expected, got):
-    assert_same(output.state, want.state)
-    assert_same(output.metrics, want.metrics)
+    structures.assert_same(output.state, want.state)
+    structures.assert_same(output.metrics, want.metrics)
 
 
 def test_personalized_rfa_aggregates_on_workers(context):
@@ -337,5 +325,5 @@ def test_personalized_rfa_aggregates_on_workers(context):
     pass_by_pass = passwise.PasswiseFactory(factory).create(
         value_type, tff.TensorType(np.float32))
     got = pass_by_pass.next(pass_by_pass.initialize(), deltas, sizes)
-  assert_same(got.result, want.result)
-  assert_same(got.measurements, want.measurements)
+  structures.assert_same(got.result, want.result)
+  structures.assert_same(got.measurements, want.measurements)

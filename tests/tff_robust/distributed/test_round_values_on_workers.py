@@ -15,6 +15,7 @@ import pytest
 import tensorflow_federated as tff
 
 from tests.helpers import aggregator_cases as cases
+from tests.helpers import structures
 from tests.tff_robust.distributed import test_distributed as aggregation_cases
 from tests.tff_robust.distributed import test_distributed_learning as learning_cases
 from tff_robust import distributed
@@ -105,9 +106,9 @@ def test_an_iterative_aggregate_sends_each_update_once_per_round(context, monkey
       assert len(values) == NUM_CLIENTS
       requests.clear()
       got = process.next(state, values, weights)
-      aggregation_cases.assert_same(got.result, want.result)
-      aggregation_cases.assert_same(got.state, want.state)
-      aggregation_cases.assert_same(got.measurements, want.measurements)
+      structures.assert_same(got.result, want.result)
+      structures.assert_same(got.state, want.state)
+      structures.assert_same(got.measurements, want.measurements)
       state = got.state
       sent = requests.members(context.addresses)
       if context.keep_round_values:
@@ -130,8 +131,8 @@ def test_a_learning_process_sends_no_update(context, monkeypatch):
   with tff.framework.get_context_stack().install(context):
     requests.clear()
     got = process.next(state, learning_cases.client_datasets(1))
-  learning_cases.assert_same(got.state, want.state)
-  learning_cases.assert_same(got.metrics, want.metrics)
+  structures.assert_same(got.state, want.state)
+  structures.assert_same(got.metrics, want.metrics)
   sent = requests.members(context.addresses)
   if context.keep_round_values:
     # The clients' datasets, for training; no update, weight or per-client metric
