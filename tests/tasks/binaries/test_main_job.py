@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tasks.simulation import sweep
+from tests.helpers import command_lines
 from tests.helpers import processes
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
@@ -68,19 +69,35 @@ def test_main_job_writes_into_its_output_directory_only(tmp_path):
       assert _TINY_PROTOCOL not in f.read(), committed
 
 
-@pytest.mark.parametrize('flag_args, named', [
+# Command lines that would write the committed copies with another configuration:
+# (flags, how the error names the difference).
+_NOT_THE_README_CONFIGURATION = [
     (['--update_committed_results', '--rounds=1'], '--rounds=1 (README: 30)'),
     (['--update_committed_results', '--aggregators=mean', '--data_seed=0'],
      '--aggregators=mean (README: mean,gm,one_step_gm,gamma_mean,gma,median)'),
     ([f'--readme={os.path.join(_REPO, "README.md")}', '--seeds=1'],
      '--seeds=1 (README: 0)'),
-])
-def test_the_committed_copies_take_only_the_readme_configuration(tmp_path, flag_args,
-                                                                  named):
-  result = _main_job(*flag_args, f'--output_dir={tmp_path / "runs"}')
+]
+
+
+@pytest.fixture(scope='module')
+def refused(tmp_path_factory):
+  """Each case's result and output directory, all run by one process."""
+  root = tmp_path_factory.mktemp('refused')
+  lines = [[*flags, f'--output_dir={root / str(i)}']
+           for i, (flags, _) in enumerate(_NOT_THE_README_CONFIGURATION)]
+  results = command_lines.run_each('tasks.binaries.main_job', lines)
+  return [(result, root / str(i)) for i, result in enumerate(results)]
+
+
+@pytest.mark.parametrize('case', range(len(_NOT_THE_README_CONFIGURATION)),
+                         ids=[named for _, named in _NOT_THE_README_CONFIGURATION])
+def test_the_committed_copies_take_only_the_readme_configuration(refused, case):
+  result, output_dir = refused[case]
+  named = _NOT_THE_README_CONFIGURATION[case][1]
   assert result.returncode == 1, result.stderr[-3000:]
   errors = [line for line in result.stderr.splitlines() if line.startswith('ERROR: ')]
   assert len(errors) == 1, result.stderr[-3000:]
   assert named in errors[0] and 'README\'s configuration' in errors[0]
   assert 'data_seed' not in errors[0]  # At its default, though given.
-  assert not (tmp_path / 'runs').exists()  # Refused before training.
+  assert not output_dir.exists()  # Refused before training.
