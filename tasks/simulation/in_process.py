@@ -18,6 +18,11 @@ TensorFlow reductions) and evaluates the compiled form with the runtime's semant
     value is the value itself;
 *   `federated_map`/`federated_apply` call the function per client (or once),
     `federated_broadcast` repeats the server value, the zips zip;
+*   a CLIENTS value that a map or a zip computes is computed client by client as its
+    one consumer (e.g. `federated_aggregate`) reads it, so a chain of maps ending in
+    an aggregate holds one client's intermediates at a time, not one list per step
+    (`_ClientByClient`); a value read by more than one consumer (a name referenced
+    twice) is computed once, as a list;
 *   `federated_aggregate(value, zero, accumulate, merge, report)` folds the clients in
     order, `report(accumulate(...accumulate(zero, v_1)..., v_n))`, as the runtime's
     single executor does (`merge` is never needed here);
@@ -108,12 +113,12 @@ class InProcessComputation:
       block = native.to_building_block()
       try:
         _check_supported(block)
+        _COMPILED[key] = (block, _reference_counts(block))
       except UnsupportedComputationError as e:
-        block = e  # Refused again at once, without compiling.
-      _COMPILED[key] = block
+        _COMPILED[key] = e  # Refused again at once, without compiling.
     if isinstance(_COMPILED[key], UnsupportedComputationError):
       raise _COMPILED[key]
-    self._block = _COMPILED[key]
+    self._block, self._references = _COMPILED[key]
     self._functions = _EMBEDDED_FUNCTIONS
 
   def __call__(self, *args, **kwargs):
@@ -124,12 +129,15 @@ class InProcessComputation:
       argument = None
     else:
       argument = _packed_arguments(parameter, args, kwargs)
-    evaluation = _Evaluation(self._functions, _num_clients(argument, parameter))
-    function = evaluation.evaluate(self._block, _Scope())
-    value = function() if parameter is None else function(
-        _ingest(argument, parameter))
-    return type_conversions.type_to_py_container(
-        _to_numpy(value), self.type_signature.result)
+    evaluation = _Evaluation(self._functions, _num_clients(argument, parameter),
+                             self._references)
+    try:
+      function = evaluation.evaluate(self._block, evaluation.scope({}))
+      value = _to_numpy(function() if parameter is None else function(
+          _ingest(argument, parameter)))
+    finally:
+      evaluation.release()
+    return type_conversions.type_to_py_container(value, self.type_signature.result)
 
 
 def process_next(process) -> Optional[Callable[..., Any]]:
@@ -266,6 +274,20 @@ def _check_supported(block) -> None:
         f'{", ".join(sorted(problems))}.')
 
 
+def _reference_counts(block) -> collections.Counter:
+  """How often each name is referenced in `block`. A name bound in two places (two
+  lambdas' `x`) counts both places' references: such values become lists more often
+  than needed, never less."""
+  counts = collections.Counter()
+
+  def visit(node):
+    if isinstance(node, building_blocks.Reference):
+      counts[node.name] += 1
+
+  tree_analysis.visit_postorder(block, visit)
+  return counts
+
+
 def _packed_arguments(parameter: tff.Type, args, kwargs):
   """The call's arguments as one value of the parameter type (TFF's convention: one
   argument is the parameter itself, several are the elements of a struct)."""
@@ -336,7 +358,7 @@ def _is_ingested(value) -> bool:
 
 
 def _to_numpy(value):
-  if isinstance(value, list):
+  if isinstance(value, (list, _ClientByClient)):
     return [_to_numpy(v) for v in value]
   if isinstance(value, structure.Struct):
     return structure.Struct([(name, _to_numpy(v))
@@ -361,20 +383,41 @@ class _Scope:
       scope = scope._parent  # pylint: disable=protected-access
     raise KeyError(f'Unbound reference {name!r}.')
 
-  def child(self, names: dict) -> '_Scope':
-    return _Scope(names, self)
-
   def bind(self, name: str, value) -> None:
     self._names[name] = value
+
+  def clear(self) -> None:
+    self._names = {}
 
 
 class _Evaluation:
   """One call's evaluation of a compiled computation (the number of clients is the
   call's)."""
 
-  def __init__(self, functions: dict, num_clients: Optional[int]):
+  def __init__(self, functions: dict, num_clients: Optional[int],
+               references: collections.Counter):
     self._functions = functions
     self._num_clients = num_clients
+    self._references = references
+    self._scopes = []
+
+  def scope(self, names: dict, parent: Optional[_Scope] = None) -> _Scope:
+    """A new scope of this evaluation (`release` empties it)."""
+    self._scopes.append(_Scope(names, parent))
+    return self._scopes[-1]
+
+  def release(self) -> None:
+    """Drops every value the evaluation's scopes hold. A client-by-client value
+    refers to its function, whose closure refers to the scope holding the value:
+    without this, the round's intermediates would wait for Python's cycle collector,
+    and each call would add their size to the process's memory."""
+    for scope in self._scopes:
+      scope.clear()
+    self._scopes = []
+
+  def _bound(self, name: str, value):
+    """`value` as `name` holds it: computed client by client only for one reader."""
+    return value if self._references[name] <= 1 else _as_lists(value)
 
   def evaluate(self, block, scope: _Scope):
     if isinstance(block, building_blocks.Reference):
@@ -392,9 +435,9 @@ class _Evaluation:
     if isinstance(block, building_blocks.Lambda):
       return self._closure(block, scope)
     if isinstance(block, building_blocks.Block):
-      inner = scope.child({})
+      inner = self.scope({}, scope)
       for name, local in block.locals:
-        inner.bind(name, self.evaluate(local, inner))
+        inner.bind(name, self._bound(name, self.evaluate(local, inner)))
       return self.evaluate(block.result, inner)
     if isinstance(block, building_blocks.Intrinsic):
       return getattr(self, '_' + block.uri)
@@ -411,8 +454,9 @@ class _Evaluation:
   def _closure(self, block: building_blocks.Lambda, scope: _Scope):
     if block.parameter_name is None:
       return lambda: self.evaluate(block.result, scope)
+    name = block.parameter_name
     return lambda argument: self.evaluate(
-        block.result, scope.child({block.parameter_name: argument}))
+        block.result, self.scope({name: self._bound(name, argument)}, scope))
 
   def _clients(self) -> int:
     if self._num_clients is None:
@@ -424,8 +468,8 @@ class _Evaluation:
 
   def _federated_map(self, argument):
     function, value = argument[0], argument[1]
-    if isinstance(value, list):
-      return [function(v) for v in value]
+    if isinstance(value, (list, _ClientByClient)):
+      return _ClientByClient(lambda: map(function, value), len(value))
     return function(value)
 
   _federated_map_all_equal = _federated_map
@@ -452,7 +496,7 @@ class _Evaluation:
     return value
 
   def _federated_zip_at_clients(self, value):
-    return [_client_slice(value, i) for i in range(self._clients())]
+    return _ClientByClient(lambda: _zipped(value), self._clients())
 
   def _federated_aggregate(self, argument):
     values, zero, accumulate, _, report = (argument[i] for i in range(5))
@@ -462,12 +506,42 @@ class _Evaluation:
     return report(accumulator)
 
 
-def _client_slice(value, index: int):
-  """Client `index`'s element of a struct of CLIENTS values (zipped)."""
-  if isinstance(value, list):
-    return value[index]
-  return structure.Struct([(name, _client_slice(v, index))
-                           for name, v in structure.iter_elements(value)])
+class _ClientByClient:
+  """A CLIENTS value computed one client at a time, each time it is read: a map's or
+  a zip's result read once (by an aggregate, a map or a zip) never exists as a whole.
+  Reading it again computes it again, so `_Evaluation` gives it only to a single
+  reader (the others get `_as_lists`)."""
+
+  def __init__(self, clients: Callable[[], Any], num_clients: int):
+    self._clients = clients  # Returns a new iterator over the clients' values.
+    self._num_clients = num_clients
+
+  def __iter__(self):
+    return iter(self._clients())
+
+  def __len__(self) -> int:
+    return self._num_clients
+
+
+def _as_lists(value):
+  """`value` with every client-by-client value in it computed into a list."""
+  if isinstance(value, _ClientByClient):
+    return list(value)
+  if isinstance(value, structure.Struct):
+    return structure.Struct([(name, _as_lists(v))
+                             for name, v in structure.iter_elements(value)])
+  return value
+
+
+def _zipped(value):
+  """The clients' elements of a struct of CLIENTS values, one struct per client."""
+  if not isinstance(value, structure.Struct):
+    yield from value
+    return
+  names = [name for name, _ in structure.iter_elements(value)]
+  members = [_zipped(v) for _, v in structure.iter_elements(value)]
+  for elements in zip(*members):
+    yield structure.Struct(list(zip(names, elements)))
 
 
 def _leaf_types(type_) -> list:

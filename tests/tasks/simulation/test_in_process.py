@@ -2,6 +2,9 @@
 returns: every aggregator of the registry (results, states, measurements, round after
 round), and one round of each bundled task both ways."""
 
+from unittest import mock
+import weakref
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
@@ -94,6 +97,87 @@ class AggregationTest(parameterized.TestCase):
                                 'federated_secure'):
       in_process.InProcessComputation(process.next)
     self.assertIsNone(in_process.process_next(process))
+
+
+_CLIENT_VALUE = tff.TensorType(np.float32, [1000])
+
+
+@tff.tensorflow.computation(_CLIENT_VALUE)
+def _plus_one(x):
+  return x + 1.0
+
+
+@tff.tensorflow.computation(_CLIENT_VALUE)
+def _doubled(x):
+  return x * 2.0
+
+
+class ClientByClientTest(absltest.TestCase):
+  """A CLIENTS value computed by maps and zips is computed one client at a time as
+  its one reader takes it, and once when several read it."""
+
+  def setUp(self):
+    super().setUp()
+    self.clients = [np.full(1000, i, np.float32) for i in range(20)]
+    # Fresh compiled forms and embedded functions: `_embedded` below sees them all.
+    self.enter_context(mock.patch.dict(in_process._COMPILED, clear=True))
+    self.enter_context(mock.patch.dict(in_process._EMBEDDED_FUNCTIONS, clear=True))
+
+  def _most_client_values_alive(self, computation):
+    """Calls `computation` on the clients; returns its result and the most outputs
+    of shape [1000] of its TensorFlow functions alive at once."""
+    outputs, most = [], [0]  # Weak references: tensors are not hashable.
+    embedded = in_process._embedded
+
+    def spying(block):
+      function = embedded(block)
+
+      def call(*args):
+        output = function(*args)
+        for leaf in tf.nest.flatten(output):
+          if isinstance(leaf, tf.Tensor) and leaf.shape == (1000,):
+            outputs.append(weakref.ref(leaf))
+        most[0] = max(most[0], sum(output() is not None for output in outputs))
+        return output
+
+      return call
+
+    with mock.patch.object(in_process, '_embedded', spying):
+      result = in_process.InProcessComputation(computation)(list(self.clients))
+    return result, most[0]
+
+  def test_a_chain_of_maps_into_a_sum_holds_one_clients_values_at_a_time(self):
+
+    @tff.federated_computation(tff.FederatedType(_CLIENT_VALUE, tff.CLIENTS))
+    def chain(x):
+      return tff.federated_sum(
+          tff.federated_map(_doubled, tff.federated_map(_plus_one, x)))
+
+    result, most_alive = self._most_client_values_alive(chain)
+    np.testing.assert_array_equal(result, sum((x + 1) * 2 for x in self.clients))
+    # A few (one client's intermediates, the running sums), not one per client: as
+    # lists, the 20 clients' first map would all be alive while the second runs.
+    self.assertLessEqual(most_alive, 6)
+
+  def test_a_value_two_readers_take_is_computed_once(self):
+    iterations = []
+    original_iter = in_process._ClientByClient.__iter__
+
+    def counted_iter(value):
+      iterations.append(id(value))
+      return original_iter(value)
+
+    @tff.federated_computation(tff.FederatedType(_CLIENT_VALUE, tff.CLIENTS))
+    def read_twice(x):
+      y = tff.federated_map(_plus_one, x)
+      return tff.federated_sum(y), tff.federated_sum(tff.federated_map(_doubled, y))
+
+    with mock.patch.object(in_process._ClientByClient, '__iter__', counted_iter):
+      result = in_process.InProcessComputation(read_twice)(list(self.clients))
+    np.testing.assert_array_equal(result[0], sum(x + 1 for x in self.clients))
+    np.testing.assert_array_equal(result[1], sum((x + 1) * 2 for x in self.clients))
+    self.assertTrue(iterations)
+    self.assertEqual(len(iterations), len(set(iterations)))  # None read twice.
 
 
 # One round both ways for each bundled task, tiny: the client work (local training of
