@@ -58,6 +58,7 @@ from tensorflow_federated.python.core.backends.native import compiler
 from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
 from tensorflow_federated.python.core.impl.computation import computation_impl
+from tensorflow_federated.python.core.impl.computation import function_utils
 from tensorflow_federated.python.core.impl.types import type_conversions
 from tensorflow_federated.python.core.impl.utils import tensorflow_utils
 from tensorflow_federated.python.tensorflow_libs import graph_utils
@@ -123,12 +124,9 @@ class InProcessComputation:
 
   def __call__(self, *args, **kwargs):
     parameter = self.type_signature.parameter
-    if parameter is None:
-      if args or kwargs:
-        raise TypeError('The computation takes no arguments.')
-      argument = None
-    else:
-      argument = _packed_arguments(parameter, args, kwargs)
+    # TFF's own packing of a call's arguments, which refuses a missing, extra or
+    # unknown one as calling the computation does.
+    argument = function_utils.pack_args(parameter, args, kwargs)
     evaluation = _Evaluation(self._functions, _num_clients(argument, parameter),
                              self._references)
     try:
@@ -286,20 +284,6 @@ def _reference_counts(block) -> collections.Counter:
 
   tree_analysis.visit_postorder(block, visit)
   return counts
-
-
-def _packed_arguments(parameter: tff.Type, args, kwargs):
-  """The call's arguments as one value of the parameter type (TFF's convention: one
-  argument is the parameter itself, several are the elements of a struct)."""
-  if len(args) == 1 and not kwargs:
-    return args[0]
-  if not isinstance(parameter, tff.StructType):
-    raise TypeError(f'One argument of type {parameter} expected.')
-  names = [name for name, _ in structure.iter_elements(parameter)]
-  values = list(args) + [None] * (len(names) - len(args))
-  for key, value in kwargs.items():
-    values[names.index(key)] = value
-  return structure.Struct(list(zip(names, values)))
 
 
 def _num_clients(argument, parameter) -> Optional[int]:

@@ -98,6 +98,30 @@ class AggregationTest(parameterized.TestCase):
       in_process.InProcessComputation(process.next)
     self.assertIsNone(in_process.process_next(process))
 
+  def test_refuses_a_missing_or_extra_argument_as_the_computation_does(self):
+    # Before: the weights given to an unweighted mean were dropped (the mean came
+    # back unweighted), and a missing server argument became NaN.
+    mean = tff.aggregators.UnweightedMeanFactory().create(
+        tff.TensorType(np.float32, [2]))
+    updates = [np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32)]
+    local = in_process.InProcessComputation(mean.next)
+    for call in (mean.next, local):
+      with self.assertRaisesRegex(TypeError, 'not used'):
+        call(mean.initialize(), updates, [1.0, 3.0])
+    with self.assertRaises(TypeError):
+      in_process.aggregation(mean)(mean.initialize(), list(updates), [1.0, 3.0])
+    server = tff.FederatedType(np.float32, tff.SERVER)
+
+    @tff.federated_computation(server, server, server)
+    def add(a, b, c):
+      return tff.federated_map(tff.tensorflow.computation(lambda x, y, z: x + y + z),
+                               tff.federated_zip((a, b, c)))
+
+    for call in (add, in_process.InProcessComputation(add)):
+      with self.assertRaisesRegex(TypeError, 'Missing argument `c`'):
+        call(1.0, 2.0)
+    self.assertEqual(in_process.InProcessComputation(add)(1.0, 2.0, c=4.0), 7.0)
+
 
 _CLIENT_VALUE = tff.TensorType(np.float32, [1000])
 
