@@ -298,6 +298,9 @@ class PasswiseLearningNext:
           f'{finish.type_signature.result}, the process '
           f'{process.next.type_signature.result}.')
     self._train = train
+    # The state may come in any container `next` takes (an OrderedDict, a Struct):
+    # its aggregator's is read by position, as TFF converts it.
+    self._aggregator_index = tff.structure.name_list(state_type).index('aggregator')
     self._aggregation = passwise.PasswiseFactory(aggregator).create(
         update_type, tff.TensorType(np.float32))
     self._finish = finish
@@ -315,8 +318,9 @@ class PasswiseLearningNext:
     else:
       trained = self._train(state, client_data)
     try:
+      aggregator_state = tff.structure.from_container(state)[self._aggregator_index]
       aggregated = self._aggregation.next(
-          state.aggregator, trained['update'], trained['update_weight'])
+          aggregator_state, trained['update'], trained['update_weight'])
       return self._finish(state, trained['model_outputs'],
                           trained['distributor_state'],
                           trained['distributor_measurements'], aggregated.state,

@@ -158,6 +158,21 @@ def test_the_pass_by_pass_round_equals_the_single_computation_in_one_process():
   structures.assert_same(got.metrics, want.metrics, rtol=1e-7)
 
 
+def test_the_pass_by_pass_round_takes_the_state_in_any_container_next_takes():
+  # A state restored as an OrderedDict (or a Struct): `next` takes it, and so does
+  # its equivalent (before: AttributeError on `state.aggregator`).
+  process = PROCESSES['gamma_mean'][0]()
+  state = process.initialize()
+  data = client_datasets(4)
+  want = process.next(state, data)
+  equivalent = passwise.equivalent(process.next)
+  as_struct = tff.structure.from_container(state)
+  for restored in (tff.structure.to_odict(as_struct), as_struct):
+    got = equivalent((restored, data))
+    structures.assert_same(got.state, want.state, rtol=1e-7)
+    structures.assert_same(got.metrics, want.metrics, rtol=1e-7)
+
+
 def test_an_unregistered_multi_pass_process_is_refused_with_a_hint(context):
   process = tff.learning.algorithms.build_weighted_fed_avg(
       model_fn, _optimizer(),
