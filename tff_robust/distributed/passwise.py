@@ -102,7 +102,8 @@ class PasswiseFactory:
   docstrings list the passes). It may be wrapped in
   `tff_robust.NonfiniteFilteringFactory` (as `tasks.registry` does): every pass then
   filters its clients first and the first pass's count is reported as the wrapper
-  reports it. Any other factory runs as its own single computation.
+  reports it. Any other factory runs as its own single computation; an unweighted one
+  ignores the weights (TFF's `tff.aggregators.factory_utils.as_weighted_aggregator`).
   """
 
   def __init__(self, factory: tff.aggregators.WeightedAggregationFactory):
@@ -110,6 +111,8 @@ class PasswiseFactory:
                                 tff.aggregators.UnweightedAggregationFactory)):
       raise TypeError('PasswiseFactory takes a tff.aggregators aggregation factory, got '
                       f'{type(factory).__name__}.')
+    if not isinstance(factory, tff.aggregators.WeightedAggregationFactory):
+      factory = tff.aggregators.factory_utils.as_weighted_aggregator(factory)
     self._factory = factory
 
   @property

@@ -79,6 +79,16 @@ def single_process_rounds(name, rounds):
   return outputs
 
 
+def test_an_unweighted_factory_runs_pass_by_pass_ignoring_the_weights():
+  values, weights = round_of_clients(nonfinite=False)
+  process = passwise.PasswiseFactory(tff.aggregators.UnweightedMeanFactory()).create(
+      cases.VALUE_TYPE, tff.TensorType(np.float32))
+  got = process.next(process.initialize(), values, weights)
+  reference = tff.aggregators.UnweightedMeanFactory().create(cases.VALUE_TYPE)
+  structures.assert_same(got.result,
+                         reference.next(reference.initialize(), values).result)
+
+
 @pytest.mark.parametrize('name', sorted(FACTORIES))
 def test_passwise_process_equals_the_single_computation(name):
   values, weights = round_of_clients()
