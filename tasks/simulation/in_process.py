@@ -57,6 +57,7 @@ from tensorflow_federated.python.common_libs import structure
 from tensorflow_federated.python.core.backends.native import compiler
 from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
+from tensorflow_federated.python.core.impl.executors import cardinalities_utils
 from tensorflow_federated.python.core.impl.computation import computation_impl
 from tensorflow_federated.python.core.impl.computation import function_utils
 from tensorflow_federated.python.core.impl.types import type_conversions
@@ -287,25 +288,11 @@ def _reference_counts(block) -> collections.Counter:
 
 
 def _num_clients(argument, parameter) -> Optional[int]:
-  """The number of clients: the length of the CLIENTS-placed arguments."""
-  counts = set()
-
-  def visit(value, type_):
-    if isinstance(type_, tff.FederatedType):
-      if type_.placement is tff.CLIENTS and not type_.all_equal:
-        counts.add(len(value))
-    elif isinstance(type_, tff.StructType):
-      elements = structure.to_elements(structure.from_container(value))
-      for (_, element), (_, element_type) in zip(elements,
-                                                 structure.iter_elements(type_)):
-        visit(element, element_type)
-
-  if parameter is not None:
-    visit(argument, parameter)
-  if len(counts) > 1:
-    raise ValueError('CLIENTS-placed arguments of different lengths: '
-                     f'{sorted(counts)}.')
-  return counts.pop() if counts else None
+  """The number of clients (the length of the CLIENTS-placed arguments, which TFF
+  checks agree), None without any."""
+  if parameter is None:
+    return None
+  return cardinalities_utils.infer_cardinalities(argument, parameter).get(tff.CLIENTS)
 
 
 def _ingest(value, type_: tff.Type):
