@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tasks.simulation import leaderboard
+from tests.helpers import command_lines
 from tests.helpers import processes
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
@@ -18,13 +19,18 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 
 
+def _leaderboard_flags(output_dir, results_dir, readme, *flags):
+  return ['--data_source=synthetic', '--aggregators=mean,bucketing+median',
+          '--attacks=sign_flip,label_flip', '--rhos=0,0.3', '--seeds=0',
+          '--worker_momenta=0,0.5', '--rounds=1', '--clients_per_round=4',
+          '--noprogress', f'--output_dir={output_dir}', f'--results_dir={results_dir}',
+          f'--readme={readme}', *flags]
+
+
 def _leaderboard(output_dir, results_dir, readme, *flags):
   return subprocess.run(
-      [sys.executable, '-m', 'tasks.binaries.leaderboard', '--data_source=synthetic',
-       '--aggregators=mean,bucketing+median', '--attacks=sign_flip,label_flip',
-       '--rhos=0,0.3', '--seeds=0', '--worker_momenta=0,0.5', '--rounds=1',
-       '--clients_per_round=4', '--noprogress', f'--output_dir={output_dir}',
-       f'--results_dir={results_dir}', f'--readme={readme}', *flags],
+      [sys.executable, '-m', 'tasks.binaries.leaderboard',
+       *_leaderboard_flags(output_dir, results_dir, readme, *flags)],
       cwd=_REPO, capture_output=True, text=True, timeout=600, env=processes.quiet_env())
 
 
@@ -70,13 +76,26 @@ def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):
   assert len(ledger_path.read_text().splitlines()) == 1 + 4  # 2 rows × (clean, ρ=.3)
   page = (results / 'leaderboard_emnist_linear.md').read_text()
 
-  # No run directories here: the ledger's runs are skipped, only new cells train,
-  # and the table keeps the ledger's numbers.
+  # Three more invocations, in one process (`command_lines.run_each`), each writing
+  # its pages apart: (1) no run directories here: the ledger's runs are skipped, only
+  # new cells train, and the table keeps the ledger's numbers; (2) every run in the
+  # ledger, on a machine that never ran one (a fresh clone): nothing trains, and the
+  # pages are written from the ledger alone; (3) a damaged ledger stops the binary
+  # before training, naming the file and the fix.
   readme = _empty_readme(tmp_path)
-  second = _leaderboard(tmp_path / 'elsewhere', results, readme, '--worker_momenta=0')
+  damaged = tmp_path / 'damaged_runs.csv'
+  damaged.write_text('junk\n')
+  second, fresh, broken = command_lines.run_each('tasks.binaries.leaderboard', [
+      _leaderboard_flags(tmp_path / 'elsewhere', tmp_path / 'wider', readme,
+                         '--worker_momenta=0', f'--ledger={ledger_path}'),
+      _leaderboard_flags(tmp_path / 'fresh', tmp_path / 'fresh_pages', '',
+                         '--worker_momenta=0', f'--ledger={ledger_path}'),
+      _leaderboard_flags(tmp_path / 'third', tmp_path / 'third_pages', '',
+                         '--worker_momenta=0', f'--ledger={damaged}'),
+  ])
   assert second.returncode == 0, second.stderr[-3000:]
   assert second.stderr.count('in the ledger, skipped.') == 4
-  wider = (results / 'leaderboard_emnist_linear.md').read_text()
+  wider = (tmp_path / 'wider' / 'leaderboard_emnist_linear.md').read_text()
   assert '6 of its 6 runs are finished, 2 of them by this invocation' in wider
   assert wider.strip() in readme.read_text(encoding='utf-8')
   assert len(ledger_path.read_text().splitlines()) == 1 + 6
@@ -84,20 +103,14 @@ def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):
     clean = next(line for line in _table(page).splitlines() if f' {label} ' in line)
     assert clean.split('|')[3] in wider, label  # The same clean accuracy.
 
-  # Every run in the ledger, on a machine that never ran one (a fresh clone): nothing
-  # trains, and the pages are written from the ledger alone.
-  fresh = _leaderboard(tmp_path / 'fresh', results, '', '--worker_momenta=0')
   assert fresh.returncode == 0, fresh.stderr[-3000:]
   assert fresh.stderr.count('in the ledger, skipped.') == 6
-  page = (results / 'leaderboard_emnist_linear.md').read_text()
+  page = (tmp_path / 'fresh_pages' / 'leaderboard_emnist_linear.md').read_text()
   assert '6 of its 6 runs are finished, 0 of them by this invocation' in page
   assert _table(page) == _table(wider)
 
-  # A damaged ledger stops the binary before training, naming the file and the fix.
-  ledger_path.write_text('junk\n')
-  broken = _leaderboard(tmp_path / 'third', results, '', '--worker_momenta=0')
   assert broken.returncode == 2
-  assert f'ERROR: {ledger_path}: line 1' in broken.stderr
+  assert f'ERROR: {damaged}: line 1' in broken.stderr
   assert 'git checkout' in broken.stderr
   assert not (tmp_path / 'third' / 'runs').exists()
 
