@@ -55,22 +55,23 @@ def test_train_runs_the_example_under_an_attack_and_resumes(tmp_path):
   assert config['task'] == _EXAMPLE and config['attack'] == 'alie'
   assert not {'model', 'data_source', 'data_dir'} & set(config)
 
-  # A larger --rounds resumes after round 1: the rows kept, the next one added, and
-  # the same as an uninterrupted run's.
-  resumed = _binary('train', f'--task={_EXAMPLE}', '--rounds=3',
-                    f'--root_output_dir={tmp_path / "resumed"}', *_TRAIN)
+  # In another process (one for the three, `command_lines.run_each`): a larger
+  # --rounds resumes after round 1, the rows kept, the next one added, and the same
+  # as an uninterrupted run's; other flags are another run: refused, the files left
+  # as they are.
+  resumed, whole, other = command_lines.run_each('tasks.binaries.train', [
+      [f'--task={_EXAMPLE}', '--rounds=3', f'--root_output_dir={tmp_path / "resumed"}',
+       *_TRAIN],
+      [f'--task={_EXAMPLE}', '--rounds=3', f'--root_output_dir={tmp_path / "whole"}',
+       *_TRAIN],
+      [f'--task={_EXAMPLE}', '--rounds=3', '--rho=0.3',
+       f'--root_output_dir={tmp_path / "resumed"}', *_TRAIN[:2], *_TRAIN[3:]],
+  ])
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  whole = _binary('train', f'--task={_EXAMPLE}', '--rounds=3',
-                  f'--root_output_dir={tmp_path / "whole"}', *_TRAIN)
   assert whole.returncode == 0, whole.stderr[-3000:]
   resumed_rows = _rows(run)
   assert resumed_rows[:2] == rows
   assert resumed_rows == _rows(tmp_path / 'whole' / 'run')
-
-  # Other flags are another run: refused, the files left as they are.
-  other = _binary('train', f'--task={_EXAMPLE}', '--rounds=3', '--rho=0.3',
-                  f'--root_output_dir={tmp_path / "resumed"}', *_TRAIN[:2],
-                  *_TRAIN[3:])
   assert other.returncode == 1
   assert 'different configuration (rho: 0.2 → 0.3)' in other.stderr
 
