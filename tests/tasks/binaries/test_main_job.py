@@ -3,14 +3,11 @@ update: only the marked section changes, only on request, and the committed copi
 only with the README's configuration."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tasks.simulation import sweep
 from tests.helpers import command_lines
-from tests.helpers import processes
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
 # `pytest -m "not slow"` tier.
@@ -23,12 +20,6 @@ _TINY = ['--data_source=synthetic', '--aggregators=mean,gm', '--attacks=omniscie
 # The tiny configuration's protocol line, found in any page it wrote.
 _TINY_PROTOCOL = '1 rounds, 3 clients/round'
 _COMMITTED = ('README.md', os.path.join('results', 'main_job.md'))
-
-
-def _main_job(*flag_args):
-  return subprocess.run(
-      [sys.executable, '-m', 'tasks.binaries.main_job', *flag_args], cwd=_REPO,
-      capture_output=True, text=True, timeout=600, env=processes.quiet_env())
 
 
 def test_update_marked_section_replaces_only_that_section(tmp_path):
@@ -47,22 +38,34 @@ def test_update_marked_section_without_markers_leaves_the_file_alone(tmp_path):
   assert readme.read_text(encoding='utf-8') == 'no markers here\n'
 
 
-def test_main_job_runs_and_writes_its_pages(tmp_path):
-  readme = tmp_path / 'README.md'
+@pytest.fixture(scope='module')
+def tiny_runs(tmp_path_factory):
+  """The tiny configuration run twice by one process (`command_lines.run_each`):
+  with the pages' paths given, and with --output_dir only. Returns each run's
+  directory and result."""
+  with_pages, alone = (tmp_path_factory.mktemp(name) for name in ('pages', 'alone'))
+  readme = with_pages / 'README.md'
   readme.write_text(f'{sweep.README_BEGIN}\n{sweep.README_END}\n', encoding='utf-8')
-  result = _main_job(*_TINY, f'--output_dir={tmp_path / "runs"}',
-                     f'--results_markdown={tmp_path / "main_job.md"}',
-                     f'--readme={readme}')
+  results = command_lines.run_each('tasks.binaries.main_job', [
+      [*_TINY, f'--output_dir={with_pages / "runs"}',
+       f'--results_markdown={with_pages / "main_job.md"}', f'--readme={readme}'],
+      [*_TINY, f'--output_dir={alone / "runs"}'],
+  ])
+  return dict(pages=(with_pages, results[0]), alone=(alone, results[1]))
+
+
+def test_main_job_runs_and_writes_its_pages(tiny_runs):
+  directory, result = tiny_runs['pages']
   assert result.returncode == 0, result.stderr[-3000:]
-  page = (tmp_path / 'main_job.md').read_text(encoding='utf-8')
+  page = (directory / 'main_job.md').read_text(encoding='utf-8')
   assert '| RFA (gm) |' in page and 'omniscient ρ=0.2' in page
-  assert page.strip() in readme.read_text(encoding='utf-8')
+  assert page.strip() in (directory / 'README.md').read_text(encoding='utf-8')
 
 
-def test_main_job_writes_into_its_output_directory_only(tmp_path):
-  result = _main_job(*_TINY, f'--output_dir={tmp_path / "runs"}')
+def test_main_job_writes_into_its_output_directory_only(tiny_runs):
+  directory, result = tiny_runs['alone']
   assert result.returncode == 0, result.stderr[-3000:]
-  assert _TINY_PROTOCOL in (tmp_path / 'runs' / 'main_job.md').read_text(
+  assert _TINY_PROTOCOL in (directory / 'runs' / 'main_job.md').read_text(
       encoding='utf-8')
   for committed in _COMMITTED:
     with open(os.path.join(_REPO, committed), encoding='utf-8') as f:
