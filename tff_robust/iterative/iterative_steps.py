@@ -91,9 +91,7 @@ def fused_process(steps: IterativeSteps,
   `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, value@SERVER,
   measurements@SERVER>)` with `steps`' state, result and measurements."""
 
-  @tff.federated_computation()
-  def init_fn():
-    return steps.initialize()
+  init_fn = _initialize(steps)
 
   @tff.federated_computation(
       init_fn.type_signature.result,
@@ -143,18 +141,14 @@ class PassByPass:
           value, iterative_mean.float32_weights(weight_type, weight), None)
     self._steps = steps
 
-    @tff.federated_computation()
-    def init_fn():
-      return steps.initialize()
-
-    self._initialize = init_fn
+    self._initialize = _initialize(steps)
     clients = (tff.FederatedType(steps.value_type, tff.CLIENTS),
                tff.FederatedType(weight_type, tff.CLIENTS))
     passes = list(steps.passes())
     if not passes:
       raise ValueError('An iterative aggregate needs at least one pass.')
     built = {}
-    server_type, template = init_fn.type_signature.result, None  # None: the state.
+    server_type, template = self._initialize.type_signature.result, None  # None: state.
     self.computations = []
     for index, step in enumerate(passes):
       last = index == len(passes) - 1
@@ -179,6 +173,16 @@ class PassByPass:
       server = output.get('carry')
     return tff.templates.MeasuredProcessOutput(
         output['state'], output['result'], output['measurements']), count
+
+
+def _initialize(steps: IterativeSteps) -> tff.Computation:
+  """`steps.initialize()` as a process's `initialize` computation."""
+
+  @tff.federated_computation()
+  def init_fn():
+    return steps.initialize()
+
+  return init_fn
 
 
 def _pass_computation(steps, step, server_type, template, last, clients, client_step):
