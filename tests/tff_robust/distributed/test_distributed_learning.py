@@ -146,31 +146,29 @@ def test_two_workers_equal_one_process(name, context):
       len(y) for _, y in client_arrays(2))
 
 
-def test_the_pass_by_pass_round_equals_the_single_computation_in_one_process():
+# A state as `initialize` returns it, or restored as an OrderedDict or a Struct: `next`
+# takes each, and so does its equivalent (before: AttributeError on
+# `state.aggregator` for the restored ones).
+_STATE_CONTAINERS = {
+    'as_initialized': lambda state: state,
+    'ordered_dict': lambda state: tff.structure.to_odict(
+        tff.structure.from_container(state)),
+    'struct': tff.structure.from_container,
+}
+
+
+@pytest.mark.parametrize('name, container', [
+    ('rfa', 'as_initialized'), ('gamma_mean', 'ordered_dict'), ('gamma_mean', 'struct')])
+def test_the_pass_by_pass_round_equals_the_single_computation_in_one_process(
+    name, container):
   # Same TF code in one process: equal to rounding, without workers.
-  process = PROCESSES['rfa'][0]()
+  process = PROCESSES[name][0]()
   state = process.initialize()
   data = client_datasets(3)
   want = process.next(state, data)
-  equivalent = passwise.equivalent(process.next)
-  got = equivalent((state, data))
+  got = passwise.equivalent(process.next)((_STATE_CONTAINERS[container](state), data))
   structures.assert_same(got.state, want.state, rtol=1e-7)
   structures.assert_same(got.metrics, want.metrics, rtol=1e-7)
-
-
-def test_the_pass_by_pass_round_takes_the_state_in_any_container_next_takes():
-  # A state restored as an OrderedDict (or a Struct): `next` takes it, and so does
-  # its equivalent (before: AttributeError on `state.aggregator`).
-  process = PROCESSES['gamma_mean'][0]()
-  state = process.initialize()
-  data = client_datasets(4)
-  want = process.next(state, data)
-  equivalent = passwise.equivalent(process.next)
-  as_struct = tff.structure.from_container(state)
-  for restored in (tff.structure.to_odict(as_struct), as_struct):
-    got = equivalent((restored, data))
-    structures.assert_same(got.state, want.state, rtol=1e-7)
-    structures.assert_same(got.metrics, want.metrics, rtol=1e-7)
 
 
 def test_an_unregistered_multi_pass_process_is_refused_with_a_hint(context):
