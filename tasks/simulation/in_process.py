@@ -315,6 +315,11 @@ def _ingest(value, type_: tff.Type):
   if isinstance(type_, tff.TensorType):
     if isinstance(value, tf.Tensor):
       return value
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype != type_.dtype:
+      # As TFF's runtime refuses it, rather than cast (a float64 1e40 would become
+      # a float32 inf).
+      raise TypeError(f'A value of dtype {value.dtype} for {type_}: convert it to '
+                      f'{np.dtype(type_.dtype).name} first.')
     return tf.convert_to_tensor(np.asarray(value, type_.dtype))
   if isinstance(type_, tff.SequenceType):
     if not isinstance(value, tf.data.Dataset):

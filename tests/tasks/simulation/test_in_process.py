@@ -89,6 +89,16 @@ class AggregationTest(parameterized.TestCase):
     self.assertIsNone(in_process.process_next(process))
     self.assertIsNone(in_process.aggregation(process))
 
+  def test_refuses_a_numpy_value_of_another_dtype_as_the_runtime_does(self):
+    _, process, aggregate = _process_and_aggregation('mean')
+    updates, weights = cases.simulation_round('random', 0)
+    as_float64 = [[np.asarray(leaf, np.float64) for leaf in update]
+                  for update in updates]
+    with self.assertRaises(TypeError):  # TFF's runtime: "Failed to serialize".
+      process.next(process.initialize(), as_float64, list(weights))
+    with self.assertRaisesRegex(TypeError, 'dtype float64 .* convert it to float32'):
+      aggregate(process.initialize(), as_float64, list(weights))
+
   def test_refuses_an_intrinsic_it_does_not_know(self):
     # A secure sum: the in-process path says so and the caller keeps TFF's runtime.
     secure = tff.aggregators.SecureSumFactory(upper_bound_threshold=100.0)
