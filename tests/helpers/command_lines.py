@@ -21,6 +21,9 @@ import sys
 import tempfile
 import traceback
 
+from absl import flags
+from absl.testing import flagsaver
+
 from tests.helpers import processes
 
 
@@ -82,8 +85,6 @@ def _exit_status(code) -> int:
 
 
 def _run_line(entry_point, module: str, line: list[str]) -> int:
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
   with flagsaver.flagsaver():
     flags.FLAGS.unparse_flags()
     sys.argv = [module, *line]
