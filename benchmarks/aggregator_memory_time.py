@@ -3,8 +3,8 @@ r"""Per-call time and peak memory of every registry aggregator against the mean.
 One aggregation of `--clients` updates of `--parameters` float32, on one or both of
 two paths (`--paths`):
 
-  worker      the deployable path: `tff.templates.AggregationProcess.next` in TFF's
-              default (local C++) execution context, the client updates generated
+  worker      the deployable path: `tff.templates.AggregationProcess.next` on one
+              local TFF worker (C++ runtime), the client updates generated
               inside the TFF worker from per-client seeds (as in training, where they
               are computed there), so what is measured is the aggregation's, not the
               cost of shipping gigabytes from Python.
@@ -19,7 +19,9 @@ two paths (`--paths`):
               TFF's worker.
 
 Every aggregator runs in its own Python subprocess (a clean peak), which
-starts its own `worker_binary`. Peak memory is VmHWM (peak resident set) of the Python
+starts its own `worker_binary` (`benchmarks.fail_fast`: where TFF's default context
+would restart a worker killed for memory and rerun the call without end, the row
+says `failed` and why, the other rows go on, and the run exits with status 1). Peak memory is VmHWM (peak resident set) of the Python
 process and of its worker_binary child, read after the timed calls and before the
 worker is stopped; on the simulation path the table's peak is their sum (the
 updates' own 4·n·p bytes in Python included, as the simulation holds them anyway; each
@@ -59,12 +61,14 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from benchmarks import fail_fast
 from tasks import registry
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import gathered
 from tasks.simulation import in_process
 from tasks.simulation import leaderboard
+from tff_robust import distributed
 from tff_robust.distributed import runtime
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients per aggregation.')
@@ -169,8 +173,10 @@ def python_updates(num_clients, num_parameters):
   return updates, [np.float32(1 + seed % 3) for seed in range(num_clients)]
 
 
-def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
-  """Time and peak memory of `name`'s aggregation in this process and its worker."""
+def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER,
+                worker_pids=runtime.worker_binaries):
+  """Time and peak memory of `name`'s aggregation in this process and the TFF
+  workers `worker_pids()` names."""
   seeds = list(range(num_clients))
   # Each call's inputs, made before its timer starts: on the simulation path a fresh
   # round of updates, which a gathering baseline's in-process step consumes.
@@ -202,7 +208,7 @@ def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
     call(arguments)
     seconds.append(time.perf_counter() - start)
     del arguments
-  workers = runtime.worker_binaries()
+  workers = worker_pids()
   return dict(
       name=name, path=path, clients=num_clients, parameters=num_parameters,
       seconds=statistics.median(seconds) if seconds else None,
@@ -211,19 +217,44 @@ def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER):
       worker_pids=workers)
 
 
-def run_in_subprocess(name, path):
-  command = [
-      sys.executable, '-m', 'benchmarks.aggregator_memory_time', f'--one={name}',
-      f'--paths={path}', f'--clients={_CLIENTS.value}',
-      f'--parameters={_PARAMETERS.value}', f'--calls={_CALLS.value}',
-      f'--byzantine_fraction={flags.FLAGS.byzantine_fraction}'
-  ]
+def _measure_and_print_one(path):
+  """Prints the JSON line of `measure_one`, or one with an `error` (and exits with
+  status 1) when the worker died, e.g. killed for memory: TFF's own context would
+  restart it and rerun the call without end."""
+  with fail_fast.fail_fast_worker() as workers:
+    try:
+      result = measure_one(_ONE.value, _CLIENTS.value, _PARAMETERS.value, _CALLS.value,
+                           path, worker_pids=lambda: workers.binary_pids)
+    except distributed.WorkerError as e:
+      print(json.dumps(dict(name=_ONE.value, path=path,
+                            error=f'{e} ({fail_fast.KILLED_FOR_MEMORY_HINT})')))
+      sys.exit(1)
+  print(json.dumps(result))
+
+
+def run_in_subprocess(name, path, size_flags):
+  """`measure_one` of `name` on `path` in a fresh Python, with `size_flags` (the
+  run's --clients, --parameters, ...; `_size_flags()`)."""
+  command = [sys.executable, '-m', 'benchmarks.aggregator_memory_time', f'--one={name}',
+             f'--paths={path}', *size_flags]
   done = subprocess.run(command, capture_output=True, text=True, check=False)
-  if done.returncode != 0:  # Say why (e.g. killed for memory: -9), not only that.
-    raise RuntimeError(f'{name} on the {path} path failed with exit status '
-                       f'{done.returncode}; the end of its stderr:\n'
-                       f'{done.stderr[-2000:]}')
-  return json.loads(done.stdout.strip().splitlines()[-1])
+  lines = done.stdout.strip().splitlines()
+  if done.returncode == 0:
+    return json.loads(lines[-1])
+  # The table keeps the row and says why (e.g. its worker killed for memory), so one
+  # aggregator that cannot run at this size does not lose the others' rows.
+  try:
+    return dict(json.loads(lines[-1]), failed=True)
+  except (IndexError, json.JSONDecodeError):
+    return dict(name=name, path=path, failed=True,
+                error=f'exit status {done.returncode}; the end of its stderr: '
+                f'{done.stderr[-500:]}')
+
+
+def _size_flags():
+  return [f'--clients={_CLIENTS.value}', f'--parameters={_PARAMETERS.value}',
+          f'--calls={_CALLS.value}',
+          f'--byzantine_fraction={flags.FLAGS.byzantine_fraction}']
 
 
 def _gib(num_bytes):
@@ -247,10 +278,7 @@ def main(argv):
                          f'got '
                          f'{",".join(paths) or "nothing"}.')
   if _ONE.value:
-    with runtime.worker_binaries_stopped():
-      result = measure_one(_ONE.value, _CLIENTS.value, _PARAMETERS.value,
-                           _CALLS.value, paths[0])
-    print(json.dumps(result))
+    _measure_and_print_one(paths[0])
     return
   names = ['mean'] + [n for n in _AGGREGATORS.value if n != 'mean']
   print(f'{_heading()}; peak: the worker\'s (worker path), Python + worker '
@@ -260,12 +288,19 @@ def main(argv):
   results = {}
   for name in [GENERATE_ONLY] + names:
     for path in paths:
-      result = results[name, path] = run_in_subprocess(name, path)
+      result = results[name, path] = run_in_subprocess(name, path, _size_flags())
       row = _row(result, results.get(('mean', path)))
       print(f'  {row[0]:<28s} {row[1]:<10s} {row[2]:>8s} {row[3]:>9s} {row[4]:>9s} '
             f'{row[5]:>9s} {row[6]:>11s}', flush=True)
+      if result.get('failed'):
+        print(f'    {result["error"]}', flush=True)
       if _OUTPUT.value:
-        _write_markdown(_OUTPUT.value, results)
+        _write_markdown(_OUTPUT.value, results, _heading(), ' '.join(
+            ['python -m benchmarks.aggregator_memory_time', *sys.argv[1:]]))
+  failed = [f'{name} ({path})' for (name, path), result in results.items()
+            if result.get('failed')]
+  if failed:
+    sys.exit(f'Failed (their rows say why): {", ".join(failed)}.')
 
 
 def _heading():
@@ -279,21 +314,23 @@ def _row(result, mean):
   """The table's cells of `result`, with its ratios to `mean` (on the same path;
   empty while there is no mean yet: the update generation's printed row, measured
   first; the markdown, rewritten after the mean, has them)."""
+  if result.get('failed'):
+    return (result['name'], result['path'], 'failed (below)', '', '', '', '')
   ratios = ((f'{result["seconds"] / mean["seconds"]:.2f}',
-             f'{_peak(result) / _peak(mean):.2f}') if mean else ('', ''))
+             f'{_peak(result) / _peak(mean):.2f}')
+            if mean and not mean.get('failed') else ('', ''))
   return (result['name'], result['path'], f'{result["seconds"]:.2f}', ratios[0],
           f'{_gib(_peak(result)):.2f} G', ratios[1],
           f'{_gib(result["python_peak_bytes"]):.2f} G')
 
 
-def _write_markdown(file_path, results):
-  """The table so far (a run that stops keeps its finished rows)."""
-  command = ' '.join(['python -m benchmarks.aggregator_memory_time',
-                      *sys.argv[1:]])
+def _write_markdown(file_path, results, heading, command):
+  """The table so far (a run that stops keeps its finished rows), headed by the
+  command that wrote it."""
   lines = [
       f'<!-- Written by `{command}` on '
       f'{datetime.date.today().isoformat()}; rerun it to update. -->', '',
-      f'{_heading()}. Peak = VmHWM of the TFF worker_binary (worker path) or of '
+      f'{heading}. Peak = VmHWM of the TFF worker_binary (worker path) or of '
       'Python + worker (simulation path); ratios to the mean on the same path, in '
       'this run. GB = GiB.', '',
       '| aggregator | path | s/call | time / mean | peak | peak / mean | Python peak |',
@@ -301,6 +338,12 @@ def _write_markdown(file_path, results):
   for (name, path), result in results.items():
     cells = _row(result, results.get(('mean', path)))
     lines.append(f'| `{cells[0]}` | ' + ' | '.join(cells[1:]) + ' |')
+  failures = [result for result in results.values() if result.get('failed')]
+  if failures:
+    lines.append('')
+  for result in failures:
+    lines.append(f'Failed: `{result["name"]}` on the {result["path"]} path: '
+                 f'{result["error"]}')
   directory = os.path.dirname(file_path)
   if directory:
     os.makedirs(directory, exist_ok=True)

@@ -18,7 +18,6 @@ TFF's default local context would retry it forever.
 """
 
 import collections
-import contextlib
 import sys
 import time
 
@@ -26,15 +25,12 @@ from absl import flags
 import numpy as np
 import tensorflow_federated as tff
 
+from benchmarks import fail_fast
 from tasks import builders
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 import tff_robust
 from tff_robust import distributed
-from tff_robust import runtime
-from tensorflow_federated.python.core.backends.native import compiler
-from tensorflow_federated.python.core.environments.tensorflow_frontend import (
-    tensorflow_computation)
 
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 50, 'Clients per round.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per process.')
@@ -70,34 +66,9 @@ def build_processes(task, names):
   return processes
 
 
-@contextlib.contextmanager
-def fail_fast_worker():
-  """Runs the block's TFF computations on one local worker, whose death raises
-  `distributed.WorkerError` (after its unavailable timeout) instead of a retry loop."""
-  with runtime.worker_binaries_stopped():
-    with distributed.LocalWorkers(1) as workers:
-      # One worker's fail-fast channel (the one `DistributedContext` holds per
-      # worker), in a plain synchronous context: the robust processes are not
-      # mergeable, and one worker needs no merging.
-      worker = distributed._WorkerContext(  # pylint: disable=protected-access
-          workers.addresses[0], distributed.DEFAULT_MAX_MESSAGE_BYTES,
-          distributed.DEFAULT_CONNECT_TIMEOUT_SECONDS,
-          distributed.DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, None)
-      context = tff.framework.SyncExecutionContext(
-          executor_fn=worker.executor_factory,
-          compiler_fn=compiler.desugar_and_transform_to_native,
-          transform_args=tensorflow_computation.transform_args,
-          transform_result=tensorflow_computation.transform_result)
-      try:
-        with tff.framework.get_context_stack().install(context):
-          yield workers
-      finally:
-        worker.close()
-
-
 def main(argv):
   del argv
-  with fail_fast_worker() as workers:
+  with fail_fast.fail_fast_worker() as workers:
     print(f'TFF worker: pid {workers.binary_pids} (its log: {workers.log_path(0)})',
           flush=True)
     try:
@@ -105,9 +76,9 @@ def main(argv):
     except distributed.WorkerError as e:
       # Killed for memory, the worker leaves no line of its own: the kernel's
       # OOM killer does (`dmesg`), and the worker's peak is the table's limit here.
-      sys.exit(f'Stopped: {e} A worker killed for memory (the kernel\'s OOM killer) '
-               f'writes nothing in its log ({workers.log_path(0)}); try fewer '
-               '--clients_per_round or --aggregators per run.')
+      sys.exit(f'Stopped: {e} {fail_fast.KILLED_FOR_MEMORY_HINT.capitalize()} '
+               f'({workers.log_path(0)}); try fewer --clients_per_round or '
+               '--aggregators per run.')
 
 
 def _timed_rounds():

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import pytest
@@ -67,6 +68,36 @@ class AggregatorMemoryTimeTableTest(absltest.TestCase):
     on_worker = row(dict(median, path='worker'), dict(mean, path='worker'))
     self.assertEqual(on_worker[4:6], ('0.50 G', '0.08'))  # The worker's peak alone.
     self.assertEqual(row(median, None)[3:6], ('', '2.00 G', ''))
+
+  def test_an_aggregator_whose_worker_died_is_a_row_that_says_why(self):
+    mean = dict(name='mean', path='worker', seconds=2.0, python_peak_bytes=2**30,
+                worker_peak_bytes=2**33)
+    died = dict(name='gamma_mean_diagonal', path='worker', failed=True,
+                error='worker 127.0.0.1:1 not reachable within 10 s')
+    self.assertEqual(aggregator_memory_time._row(died, mean)[2], 'failed (below)')
+    with tempfile.TemporaryDirectory() as directory:
+      output = os.path.join(directory, 'table.md')
+      aggregator_memory_time._write_markdown(
+          output, {('mean', 'worker'): mean, ('gamma_mean_diagonal', 'worker'): died},
+          'heading', 'python -m benchmarks.aggregator_memory_time')
+      with open(output, encoding='utf-8') as f:
+        markdown = f.read()
+    self.assertEqual(list(_table_rows(markdown)),
+                     [('mean', 'worker'), ('gamma_mean_diagonal', 'worker')])
+    self.assertIn('Failed: `gamma_mean_diagonal` on the worker path: worker '
+                  '127.0.0.1:1 not reachable within 10 s', markdown)
+
+  def test_a_failed_subprocess_gives_its_error_not_an_exception(self):
+    reported = '{"name": "gm", "path": "worker", "error": "worker died"}'
+    cases = [(reported, '', 'worker died'),
+             ('', 'Traceback ...\nMemoryError', 'exit status 1; the end of its '
+              'stderr: Traceback ...\nMemoryError')]
+    for stdout, stderr, error in cases:
+      done = subprocess.CompletedProcess([], 1, stdout=stdout, stderr=stderr)
+      with mock.patch.object(subprocess, 'run', return_value=done):
+        result = aggregator_memory_time.run_in_subprocess('gm', 'worker', [])
+      self.assertEqual(result, dict(name='gm', path='worker', failed=True,
+                                    error=error))
 
 
 if __name__ == '__main__':

@@ -1,0 +1,48 @@
+"""One local TFF worker whose death stops the benchmark instead of hanging it.
+
+TFF's default local context restarts a worker_binary that died (e.g. killed by the
+kernel for memory) and reruns the call on it, forever if the call is what kills it.
+A benchmark measuring a large aggregation or round runs its computations here
+instead: a worker that dies raises `tff_robust.distributed.WorkerError` after
+`DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS`, naming it.
+"""
+
+import contextlib
+
+import tensorflow_federated as tff
+from tensorflow_federated.python.core.backends.native import compiler
+from tensorflow_federated.python.core.environments.tensorflow_frontend import (
+    tensorflow_computation)
+
+from tff_robust import distributed
+from tff_robust import runtime
+from tff_robust.distributed import execution
+
+# A worker killed for memory writes no line of its own: the kernel's OOM killer does.
+KILLED_FOR_MEMORY_HINT = ('a worker killed for memory (the kernel\'s OOM killer, see '
+                          '`dmesg`) writes nothing in its log')
+
+
+@contextlib.contextmanager
+def fail_fast_worker():
+  """Runs the block's TFF computations on one local worker; yields its
+  `distributed.LocalWorkers` (`binary_pids`, `log_path(0)`)."""
+  with runtime.worker_binaries_stopped():
+    with distributed.LocalWorkers(1) as workers:
+      # One worker's fail-fast channel (the one `DistributedContext` holds per
+      # worker), in a plain synchronous context: the robust processes are not
+      # mergeable, and one worker needs no merging.
+      worker = execution._WorkerContext(  # pylint: disable=protected-access
+          workers.addresses[0], distributed.DEFAULT_MAX_MESSAGE_BYTES,
+          distributed.DEFAULT_CONNECT_TIMEOUT_SECONDS,
+          distributed.DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, None)
+      context = tff.framework.SyncExecutionContext(
+          executor_fn=worker.executor_factory,
+          compiler_fn=compiler.desugar_and_transform_to_native,
+          transform_args=tensorflow_computation.transform_args,
+          transform_result=tensorflow_computation.transform_result)
+      try:
+        with tff.framework.get_context_stack().install(context):
+          yield workers
+      finally:
+        worker.close()
