@@ -37,7 +37,10 @@ class AggregatorMemoryTimeTableTest(absltest.TestCase):
       output = os.path.join(directory, 'new', 'table.md')
       result = subprocess.run(
           [sys.executable, '-m', 'benchmarks.aggregator_memory_time', '--clients=6',
-           '--parameters=100', '--calls=1', '--aggregators=median',
+           # The mean alone (each row is a Python process of its own; another
+           # aggregator's row is measured as the mean's, tests/baselines/
+           # test_gather_memory.py runs the median's on both paths).
+           '--parameters=100', '--calls=1', '--aggregators=mean',
            '--paths=worker,simulation', f'--output={output}'],
           cwd=_REPO, capture_output=True, text=True, timeout=600,
           env=processes.quiet_env())
@@ -45,9 +48,9 @@ class AggregatorMemoryTimeTableTest(absltest.TestCase):
       with open(output, encoding='utf-8') as f:
         markdown = f.read()
 
-    self.assertIn('--aggregators=median', markdown.splitlines()[0])
+    self.assertIn('--aggregators=mean', markdown.splitlines()[0])
     rows = _table_rows(markdown)
-    names = ['generate_only', 'mean', 'median']
+    names = ['generate_only', 'mean']
     self.assertEqual(list(rows), [(name, path) for name in names
                                   for path in ('worker', 'simulation')])
     for path in ('worker', 'simulation'):

@@ -39,53 +39,6 @@ def _rows(run_dir):
     return list(csv.DictReader(f))
 
 
-def test_train_runs_the_example_under_an_attack_and_resumes(tmp_path):
-  first = _binary('train', f'--task={_EXAMPLE}', '--rounds=2',
-                  f'--root_output_dir={tmp_path / "resumed"}', *_TRAIN)
-  assert first.returncode == 0, first.stderr[-3000:]
-  run = tmp_path / 'resumed' / 'run'
-  rows = _rows(run)
-  assert [r['round'] for r in rows] == ['0', '1']
-  assert [r['num_corrupted_clients'] for r in rows] != ['0', '0']
-  for column in ('train_loss', 'test_accuracy', 'cumulative_secure_average_calls',
-                 'aggregator/objective/0'):
-    assert rows[-1][column] != '', column
-  assert os.listdir(run / 'tensorboard')
-  config = json.loads((run / 'config.json').read_text())
-  assert config['task'] == _EXAMPLE and config['attack'] == 'alie'
-  assert not {'model', 'data_source', 'data_dir'} & set(config)
-
-  # In another process (one for the three, `command_lines.run_each`): a larger
-  # --rounds resumes after round 1, the rows kept, the next one added, and the same
-  # as an uninterrupted run's; other flags are another run: refused, the files left
-  # as they are.
-  resumed, whole, other = command_lines.run_each('tasks.binaries.train', [
-      [f'--task={_EXAMPLE}', '--rounds=3', f'--root_output_dir={tmp_path / "resumed"}',
-       *_TRAIN],
-      [f'--task={_EXAMPLE}', '--rounds=3', f'--root_output_dir={tmp_path / "whole"}',
-       *_TRAIN],
-      [f'--task={_EXAMPLE}', '--rounds=3', '--rho=0.3',
-       f'--root_output_dir={tmp_path / "resumed"}', *_TRAIN[:2], *_TRAIN[3:]],
-  ])
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert whole.returncode == 0, whole.stderr[-3000:]
-  resumed_rows = _rows(run)
-  assert resumed_rows[:2] == rows
-  assert resumed_rows == _rows(tmp_path / 'whole' / 'run')
-  assert other.returncode == 1
-  assert 'different configuration (rho: 0.2 → 0.3)' in other.stderr
-
-
-def test_the_default_run_name_is_the_import_path(tmp_path):
-  result = _binary('train', f'--task={_EXAMPLE}', '--rounds=1', '--batch_size=32',
-                   f'--root_output_dir={tmp_path}', *_TRAIN[:4], '--noprogress')
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert os.listdir(tmp_path) == ['docs.examples.my_task.build_task_gm_alie_rho0.2_seed0']
-  # The example's own client spec (batch 10) gives way to the flag, and says so.
-  assert ('its client spec is set from the flags: batch_size=10 by --batch_size=32'
-          in result.stderr)
-
-
 _BAD_TASKS = '''
 def returns_a_dict(seed=0):
   return {'name': 'mine'}
@@ -116,22 +69,79 @@ _NOT_A_TASK = [
 
 
 @pytest.fixture(scope='module')
-def not_a_task_results(tmp_path_factory):
-  """Each case's result and its output root, all run by one process
-  (`command_lines.run_each`) that can import `bad_tasks_module`."""
-  root = tmp_path_factory.mktemp('not_a_task')
+def train(tmp_path_factory):
+  """Every `train` run of this file: the example's first run in a process of its own,
+  its rows read at once; then, in one other process (`command_lines.run_each`, which
+  can import `bad_tasks_module`), its resume with a larger --rounds, an uninterrupted
+  run, another configuration in the same directory, a run under the default name and
+  each --task that names no task."""
+  root = tmp_path_factory.mktemp('train')
   (root / 'bad_tasks_module.py').write_text(textwrap.dedent(_BAD_TASKS))
+  first = _binary('train', f'--task={_EXAMPLE}', '--rounds=2',
+                  f'--root_output_dir={root / "resumed"}', *_TRAIN)
+  assert first.returncode == 0, first.stderr[-3000:]
+  runs = dict(first=first, first_rows=_rows(root / 'resumed' / 'run'))
+  lines = {
+      'resumed': [f'--task={_EXAMPLE}', '--rounds=3',
+                  f'--root_output_dir={root / "resumed"}', *_TRAIN],
+      'whole': [f'--task={_EXAMPLE}', '--rounds=3', f'--root_output_dir={root / "whole"}',
+                *_TRAIN],
+      'other': [f'--task={_EXAMPLE}', '--rounds=3', '--rho=0.3',
+                f'--root_output_dir={root / "resumed"}', *_TRAIN[:2], *_TRAIN[3:]],
+      'default_name': [f'--task={_EXAMPLE}', '--rounds=1', '--batch_size=32',
+                       f'--root_output_dir={root / "default_name"}', *_TRAIN[:4],
+                       '--noprogress'],
+  }
+  for i, (flags, _) in enumerate(_NOT_A_TASK):
+    lines[f'not_a_task_{i}'] = [*flags, '--rounds=1',
+                                f'--root_output_dir={root / f"runs{i}"}', '--noprogress']
   env = dict(processes.quiet_env(), PYTHONPATH=str(root))
-  lines = [[*flags, '--rounds=1', f'--root_output_dir={root / f"runs{i}"}', '--noprogress']
-           for i, (flags, _) in enumerate(_NOT_A_TASK)]
-  results = command_lines.run_each('tasks.binaries.train', lines, env=env)
-  return [(result, root / f'runs{i}') for i, result in enumerate(results)]
+  runs.update(zip(lines, command_lines.run_each('tasks.binaries.train',
+                                                list(lines.values()), env=env)))
+  runs['root'] = root
+  return runs
+
+
+def test_train_runs_the_example_under_an_attack_and_resumes(train):
+  run = train['root'] / 'resumed' / 'run'
+  rows = train['first_rows']
+  assert [r['round'] for r in rows] == ['0', '1']
+  assert [r['num_corrupted_clients'] for r in rows] != ['0', '0']
+  for column in ('train_loss', 'test_accuracy', 'cumulative_secure_average_calls',
+                 'aggregator/objective/0'):
+    assert rows[-1][column] != '', column
+  assert os.listdir(run / 'tensorboard')
+  config = json.loads((run / 'config.json').read_text())
+  assert config['task'] == _EXAMPLE and config['attack'] == 'alie'
+  assert not {'model', 'data_source', 'data_dir'} & set(config)
+
+  # In another process: a larger --rounds resumes after round 1, the rows kept, the
+  # next one added, and the same as an uninterrupted run's; other flags are another
+  # run: refused, the files left as they are.
+  resumed, whole, other = train['resumed'], train['whole'], train['other']
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  resumed_rows = _rows(run)
+  assert resumed_rows[:2] == rows
+  assert resumed_rows == _rows(train['root'] / 'whole' / 'run')
+  assert other.returncode == 1
+  assert 'different configuration (rho: 0.2 → 0.3)' in other.stderr
+
+
+def test_the_default_run_name_is_the_import_path(train):
+  result = train['default_name']
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert os.listdir(train['root'] / 'default_name') == [
+      'docs.examples.my_task.build_task_gm_alie_rho0.2_seed0']
+  # The example's own client spec (batch 10) gives way to the flag, and says so.
+  assert ('its client spec is set from the flags: batch_size=10 by --batch_size=32'
+          in result.stderr)
 
 
 @pytest.mark.parametrize('case', range(len(_NOT_A_TASK)),
                          ids=[message[:40] for _, message in _NOT_A_TASK])
-def test_a_task_that_is_not_one_is_refused_before_training(not_a_task_results, case):
-  result, runs = not_a_task_results[case]
+def test_a_task_that_is_not_one_is_refused_before_training(train, case):
+  result, runs = train[f'not_a_task_{case}'], train['root'] / f'runs{case}'
   assert result.returncode == 1, result.stderr[-3000:]
   assert _NOT_A_TASK[case][1] in result.stderr, result.stderr[-3000:]
   assert 'Traceback' not in result.stderr
