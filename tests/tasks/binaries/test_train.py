@@ -20,6 +20,7 @@ import tensorflow_federated as tff
 from tasks.binaries import flag_groups
 from tasks.binaries import train
 from tasks.simulation import experiment
+from tests.helpers import command_lines
 from tests.helpers import processes
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
@@ -172,20 +173,6 @@ class TrainTest(parameterized.TestCase):
       FLAGS(_argv(attack='alie', attack_args='z=1.5'))
       self.assertEqual(FLAGS.attack_args, ['z=1.5'])
 
-  def test_bad_flag_exits_nonzero_before_training(self):
-    root = self._tempdir()
-    result = subprocess.run(
-        [sys.executable, '-m', 'tasks.binaries.train', '--rho=0.7', '--data_source=synthetic',
-         f'--root_output_dir={root}'],
-        cwd=_REPO, capture_output=True, text=True, timeout=120, check=False)
-    self.assertNotEqual(result.returncode, 0)
-    self.assertIn('--rho', result.stderr)
-    # TFF's executor finalizer, left to run during interpreter teardown, would print an
-    # ignored AttributeError traceback under the flag error.
-    self.assertNotIn('Traceback', result.stderr)
-    self.assertEmpty(os.listdir(root))
-
-
 @pytest.mark.parametrize('aggregator, rho, clients, message', [
     ('krum', 0.45, 10, r'--aggregator=krum cannot aggregate a round of '
      r'--clients_per_round=10 clients at --rho=0.45: it assumes f = ⌊0.45·10⌋ = 4 .*'
@@ -203,16 +190,38 @@ def test_an_aggregator_without_enough_clients_is_refused_naming_the_flags(
   assert 'num_byzantine (' not in str(raised.value)  # Not a flag of the binary.
 
 
-def test_krum_with_too_few_clients_exits_2_before_loading_data(tmp_path):
-  result = subprocess.run(
-      [sys.executable, '-m', 'tasks.binaries.train', '--aggregator=krum', '--rho=0.45',
-       '--clients_per_round=10', f'--root_output_dir={tmp_path}'],
-      cwd=_REPO, capture_output=True, text=True, timeout=300, env=processes.quiet_env())
+@pytest.fixture(scope='module')
+def refused(tmp_path_factory):
+  """Command lines the binary refuses before training, run in one process
+  (`command_lines.run_each`): (result, its output root) by name."""
+  lines = {
+      'impossible_rho': ['--rho=0.7', '--data_source=synthetic'],
+      'krum_with_too_few_clients': ['--aggregator=krum', '--rho=0.45',
+                                    '--clients_per_round=10'],
+  }
+  roots = {name: tmp_path_factory.mktemp(name) for name in lines}
+  results = command_lines.run_each('tasks.binaries.train', [
+      [*line, f'--root_output_dir={roots[name]}'] for name, line in lines.items()])
+  return {name: (result, roots[name]) for name, result in zip(lines, results)}
+
+
+def test_bad_flag_exits_nonzero_before_training(refused):
+  result, root = refused['impossible_rho']
+  assert result.returncode != 0
+  assert '--rho' in result.stderr
+  # TFF's executor finalizer, left to run during interpreter teardown, would print an
+  # ignored AttributeError traceback under the flag error.
+  assert 'Traceback' not in result.stderr
+  assert not os.listdir(root)
+
+
+def test_krum_with_too_few_clients_exits_2_before_loading_data(refused):
+  result, root = refused['krum_with_too_few_clients']
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.splitlines()[-1].startswith(
       'ERROR: --aggregator=krum cannot aggregate a round of --clients_per_round=10')
   assert 'Traceback' not in result.stderr
-  assert not os.listdir(tmp_path)
+  assert not os.listdir(root)
 
 
 def _without_tf_log_level():
