@@ -30,14 +30,15 @@ _RUN = ['--task=emnist', '--model=linear', '--data_source=synthetic',
 # here), so it gets 1e-4.
 RELATIVE_TOLERANCE = 1e-6
 CANCELLING_COLUMNS = {'aggregator/relative_gradient': 1e-4}
-# A killed worker: --worker_unavailable_timeout, and how much longer the run may take
-# from the kill to its exit. Measured on 2 cores at load 17-18: the error line 10.2-10.4
-# s after the kill, the exit 20.9-22.0 s after it, 7.5-8.4 s of that the interpreter's
-# own teardown (as long at the end of a run that succeeds). Before issue 39 every
-# pending call and cached executor of the dead worker waited the timeout again: the
-# error line came 50 s and the exit 77 s after the kill (load 12).
+# A killed worker: --worker_unavailable_timeout. Measured on 2 cores at load 17-18:
+# the error line 10.2-10.4 s after the kill, the exit 20.9-22.0 s after it, 7.5-8.4 s
+# of that the interpreter's own teardown (as long at the end of a run that succeeds).
+# Before issue 39 every pending call and cached executor of the dead worker waited the
+# timeout again: the error line came 50 s and the exit 77 s after the kill (load 12).
+# The exit is held to one timeout plus the rerun's whole time (start, tracing, the
+# rounds left, teardown), measured in the same test under the same load: a bound that
+# grows with a busy machine, as the exit does, where a fixed margin failed there.
 UNAVAILABLE_TIMEOUT_SECONDS = 10
-EXIT_MARGIN_SECONDS = 25
 
 
 def _command(root, rounds, workers=None, *flags):
@@ -120,14 +121,18 @@ def test_a_killed_worker_stops_the_round_and_the_rerun_resumes(reference, tmp_pa
     failed = re.search(r'ERROR: Round (\d+) failed: TFF worker (\S+):', stderr)
     assert failed, stderr[-3000:]
     assert failed.group(2) == workers.addresses[1]
-    assert kill_to_exit < UNAVAILABLE_TIMEOUT_SECONDS + EXIT_MARGIN_SECONDS, stderr[-3000:]
     # Every finished round is kept: the rows are exactly the rounds before the failure.
     assert [r['round'] for r in _rows(root)] == [
         str(r) for r in range(int(failed.group(1)))]
 
     workers.restart(1)
+    rerun_start = time.monotonic()
     result = _run(root, rounds=3, workers=workers.addresses)
+    rerun_seconds = time.monotonic() - rerun_start
     assert result.returncode == 0, result.stderr[-3000:]
+    assert kill_to_exit < UNAVAILABLE_TIMEOUT_SECONDS + rerun_seconds, (
+        f'{kill_to_exit:.1f} s from the kill to the exit; the rerun took '
+        f'{rerun_seconds:.1f} s\n{stderr[-3000:]}')
     pids = workers.pids
   assert not processes.running(pids)
   assert not processes.running(seen_children)
