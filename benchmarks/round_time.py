@@ -76,7 +76,7 @@ def main(argv):
     except distributed.WorkerError as e:
       # Killed for memory, the worker leaves no line of its own: the kernel's
       # OOM killer does (`dmesg`), and the worker's peak is the table's limit here.
-      sys.exit(f'Stopped: {e} {fail_fast.KILLED_FOR_MEMORY_HINT.capitalize()} '
+      sys.exit(f'Stopped: {e} Note: {fail_fast.KILLED_FOR_MEMORY_HINT} '
                f'({workers.log_path(0)}); try fewer --clients_per_round or '
                '--aggregators per run.')
 
