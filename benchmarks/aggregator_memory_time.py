@@ -21,8 +21,9 @@ two paths (`--paths`):
 Every aggregator runs in its own Python subprocess (a clean peak), which
 starts its own `worker_binary` (`benchmarks.fail_fast`: where TFF's default context
 would restart a worker killed for memory and rerun the call without end, the row
-says `failed` and why, the other rows go on, and the run exits with status 1). Peak memory is VmHWM (peak resident set) of the Python
-process and of its worker_binary child, read after the timed calls and before the
+says `failed` and why, the other rows go on, and the run exits with status 1). Peak
+memory is VmHWM (peak resident set) of the Python process and of its worker_binary
+child, read after the timed calls and before the
 worker is stopped; on the simulation path the table's peak is their sum (the
 updates' own 4·n·p bytes in Python included, as the simulation holds them anyway; each
 call gets a fresh round of them, made before its timer starts, which a gathering
