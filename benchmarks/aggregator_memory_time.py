@@ -70,7 +70,6 @@ from tasks.simulation import gathered
 from tasks.simulation import in_process
 from tasks.simulation import leaderboard
 from tff_robust import distributed
-from tff_robust.distributed import runtime
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients per aggregation.')
 _PARAMETERS = flags.DEFINE_integer('parameters', 6_400_000, 'float32 per update.')
@@ -174,8 +173,7 @@ def python_updates(num_clients, num_parameters):
   return updates, [np.float32(1 + seed % 3) for seed in range(num_clients)]
 
 
-def measure_one(name, num_clients, num_parameters, num_calls, path=WORKER,
-                worker_pids=runtime.worker_binaries):
+def measure_one(name, num_clients, num_parameters, num_calls, path, *, worker_pids):
   """Time and peak memory of `name`'s aggregation in this process and the TFF
   workers `worker_pids()` names."""
   seeds = list(range(num_clients))
