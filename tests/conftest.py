@@ -1,5 +1,6 @@
-"""Test-suite wide set-up: quiet TensorFlow, deprecations of the project's own code
-as errors, and no worker_binary left behind."""
+"""Test-suite wide set-up: quiet TensorFlow, TFF computations compiled without grappler
+(tests/helpers/compilation.py), deprecations of the project's own code as errors, and
+no worker_binary left behind."""
 
 import os
 import signal
@@ -13,7 +14,11 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # pylint: disable=g-import-not-at-top
 
+from tests.helpers import compilation  # pylint: disable=g-import-not-at-top
 from tff_robust.distributed import runtime  # pylint: disable=g-import-not-at-top
+
+# Before any test builds a context: see tests/helpers/compilation.py.
+compilation.use_without_grappler()
 
 
 def pytest_configure(config):

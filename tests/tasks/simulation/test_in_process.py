@@ -19,6 +19,7 @@ from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import in_process
 from tasks.simulation import rounds
 from tests.helpers import aggregator_cases as cases
+from tests.helpers import compilation
 from tff_robust import passwise
 
 # The simulation's value type: the model's trainable variables as a list.
@@ -55,6 +56,13 @@ def _process_and_aggregation(name):
 
 
 class AggregationTest(parameterized.TestCase):
+  # Compiled as deployed (grappler on, tests/helpers/compilation.py): the simulation's
+  # in-process path is held to TFF's runtime in the configuration users run.
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.enterClassContext(compilation.deployed())
 
   @parameterized.parameters(*_NAMES)
   def test_equals_the_federated_process(self, name):
@@ -230,6 +238,11 @@ _TASKS = {
 
 @pytest.mark.slow  # Trains each task's model (an LSTM among them) end to end.
 class RoundTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.enterClassContext(compilation.deployed())
 
   @parameterized.product(task=list(_TASKS), aggregator=['gm', 'gamma_mean'])
   def test_a_round_equals_the_federated_round(self, task, aggregator):
