@@ -9,7 +9,8 @@ for tests/tff_robust/aggregators and tests/baselines in one process) and changes
 bit of what they compute. The deployed compilation still runs where bits are compared
 across paths (`deployed()`: tests/tasks/simulation/test_in_process.py holds every
 aggregator's in-process path against TFF's runtime with it) and in every program the
-tests start (binaries, benchmarks, workers' drivers), which import no test code.
+tests start (binaries, benchmarks, workers' drivers, `command_lines.run_each`), which
+never load tests/conftest.py.
 """
 
 import contextlib
