@@ -1,19 +1,20 @@
 """How the test processes compile TFF computations: as TFF's runtime does, but without
 grappler, unless a test asks for the deployed compilation.
 
-TFF's native compiler (`desugar_and_transform_to_native`, which its local, test and
-remote contexts, our workers' contexts and `tasks.simulation.in_process` all call)
+TFF's native compiler (`desugar_and_transform_to_native`, which its local and test
+contexts, our workers' contexts and `tasks.simulation.in_process` all call)
 runs grappler, at its most aggressive, on every TensorFlow graph of a computation.
 That was about a third of the time of the aggregator and baseline tests (8:08 → 5:35
-for tests/tff_robust/aggregators and tests/baselines in one process) and changes no
-bit of what they compute. The deployed compilation still runs where bits are compared
-across paths (`deployed()`: tests/tasks/simulation/test_in_process.py holds every
-aggregator's in-process path against TFF's runtime with it) and in every program the
+for tests/tff_robust/aggregators and tests/baselines in one process), and it changed
+no bit where compared on this CPU-only TensorFlow (docs/development.md). The deployed
+compilation still runs where the simulation's path is held to TFF's runtime
+(`deployed()`: tests/tasks/simulation/test_in_process.py) and in every program the
 tests start (binaries, benchmarks, workers' drivers, `command_lines.run_each`), which
 never load tests/conftest.py.
 """
 
 import contextlib
+from unittest import mock
 
 import tensorflow_federated as tff
 # pylint: disable=g-direct-tensorflow-import
@@ -23,6 +24,8 @@ from tensorflow_federated.python.core.environments.tensorflow_backend import (
 from tensorflow_federated.python.core.impl.computation import computation_impl
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 # pylint: enable=g-direct-tensorflow-import
+
+from tasks.simulation import in_process
 
 DEPLOYED = compiler.desugar_and_transform_to_native
 
@@ -37,8 +40,9 @@ def without_grappler(computation):
 
 
 def _compile_with(compile_fn):
-  # The contexts look the function up when they are created (the local and remote
-  # ones) or on each call (the test context's), so the default context is made again.
+  # The contexts look the function up when they are created (TFF's local context, our
+  # workers') or on each call (TFF's test context, `in_process`), so the default
+  # context is made again.
   compiler.desugar_and_transform_to_native = compile_fn
   tff.backends.native.set_sync_local_cpp_execution_context()
 
@@ -51,10 +55,12 @@ def use_without_grappler():
 @contextlib.contextmanager
 def deployed():
   """Within the block, TFF's own compilation (grappler on), in a fresh default
-  context; the suite's is restored after it."""
+  context and with `in_process`'s cache of compiled forms empty (its key is the
+  computation, not the compiler); the suite's are restored after it."""
   previous = compiler.desugar_and_transform_to_native
   _compile_with(DEPLOYED)
   try:
-    yield
+    with mock.patch.dict(in_process._COMPILED, clear=True):  # pylint: disable=protected-access
+      yield
   finally:
     _compile_with(previous)
