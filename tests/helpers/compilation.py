@@ -11,56 +11,40 @@ compilation still runs where the simulation's path is held to TFF's runtime
 (`deployed()`: tests/tasks/simulation/test_in_process.py) and in every program the
 tests start (binaries, benchmarks, workers' drivers, `command_lines.run_each`), which
 never load tests/conftest.py.
+
+The switch is the one argument TFF's compiler has for it: `transform_to_native_form`,
+which `desugar_and_transform_to_native` looks up on each call, is given no
+`grappler_config`; every context (TFF's local and test ones, our workers', those made
+at import) then compiles without grappler, with nothing else of TFF's compiler copied.
 """
 
 import contextlib
 from unittest import mock
 
 import tensorflow_federated as tff
-# pylint: disable=g-direct-tensorflow-import
-from tensorflow_federated.python.core.backends.native import compiler
-from tensorflow_federated.python.core.environments.tensorflow_backend import (
-    tensorflow_tree_transformations)
-from tensorflow_federated.python.core.impl.computation import computation_impl
-from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
-# pylint: enable=g-direct-tensorflow-import
+from tensorflow_federated.python.core.backends.native import compiler  # pylint: disable=g-direct-tensorflow-import
 
 from tasks.simulation import in_process
 
-DEPLOYED = compiler.desugar_and_transform_to_native
+_TRANSFORM_TO_NATIVE_FORM = compiler.transform_to_native_form
 
 
-def without_grappler(computation):
-  """`desugar_and_transform_to_native` with its `grappler_config` left out: the same
-  intrinsics lowered, the same call-dominant form, the graphs as traced."""
-  desugared, _ = tensorflow_tree_transformations.replace_intrinsics_with_bodies(
-      computation.to_building_block())
-  return compiler.transform_to_native_form(computation_impl.ConcreteComputation(
-      computation_proto=desugared.proto, context_stack=context_stack_impl.context_stack))
-
-
-def _compile_with(compile_fn):
-  # The contexts look the function up when they are created (TFF's local context, our
-  # workers') or on each call (TFF's test context, `in_process`), so the default
-  # context is made again.
-  compiler.desugar_and_transform_to_native = compile_fn
-  tff.backends.native.set_sync_local_cpp_execution_context()
+def _without_grappler(computation, transform_math_to_tf=False, grappler_config=None):
+  del grappler_config
+  return _TRANSFORM_TO_NATIVE_FORM(computation, transform_math_to_tf)
 
 
 def use_without_grappler():
   """Every computation compiled from now on in this process skips grappler."""
-  _compile_with(without_grappler)
+  compiler.transform_to_native_form = _without_grappler
 
 
 @contextlib.contextmanager
 def deployed():
-  """Within the block, TFF's own compilation (grappler on), in a fresh default
-  context and with `in_process`'s cache of compiled forms empty (its key is the
-  computation, not the compiler); the suite's are restored after it."""
-  previous = compiler.desugar_and_transform_to_native
-  _compile_with(DEPLOYED)
-  try:
-    with mock.patch.dict(in_process._COMPILED, clear=True):  # pylint: disable=protected-access
-      yield
-  finally:
-    _compile_with(previous)
+  """Within the block, TFF's own compilation (grappler on). It starts a fresh default
+  context and empties `in_process`'s cache of compiled forms: both caches are keyed by
+  the computation, not by how it was compiled."""
+  with mock.patch.object(compiler, 'transform_to_native_form', _TRANSFORM_TO_NATIVE_FORM), \
+      mock.patch.dict(in_process._COMPILED, clear=True):  # pylint: disable=protected-access
+    tff.backends.native.set_sync_local_cpp_execution_context()
+    yield
