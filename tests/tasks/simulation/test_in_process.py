@@ -79,12 +79,17 @@ class AggregationTest(parameterized.TestCase):
     for round_num, kind in enumerate(('random', 'attacked', 'faulty')):
       updates, weights = cases.simulation_round(kind, seed=round_num)
       expected = process.next(federated_state, updates, list(weights))
-      actual = aggregate(in_process_state, list(updates), list(weights))
-      where = f'{name}, round {round_num} ({kind})'
-      _assert_equal(self, expected.result, actual.result, exact, f'{where}: result')
-      _assert_equal(self, expected.measurements, actual.measurements, exact,
-                    f'{where}: measurements')
-      _assert_equal(self, expected.state, actual.state, exact, f'{where}: state')
+      # Both ways a call runs in process: one traced function (small arguments),
+      # and each TensorFlow computation on its own (large ones).
+      for fuse_at_most_bytes in (in_process.FUSE_AT_MOST_BYTES, 0):
+        with mock.patch.object(in_process, 'FUSE_AT_MOST_BYTES', fuse_at_most_bytes):
+          actual = aggregate(in_process_state, list(updates), list(weights))
+        where = (f'{name}, round {round_num} ({kind}), '
+                 f'{"fused" if fuse_at_most_bytes else "call by call"}')
+        _assert_equal(self, expected.result, actual.result, exact, f'{where}: result')
+        _assert_equal(self, expected.measurements, actual.measurements, exact,
+                      f'{where}: measurements')
+        _assert_equal(self, expected.state, actual.state, exact, f'{where}: state')
       federated_state, in_process_state = expected.state, actual.state
 
   def test_the_updates_are_dropped_once_taken(self):
@@ -168,6 +173,9 @@ class ClientByClientTest(absltest.TestCase):
     # Fresh compiled forms and embedded functions: `_embedded` below sees them all.
     self.enter_context(mock.patch.dict(in_process._COMPILED, clear=True))
     self.enter_context(mock.patch.dict(in_process._EMBEDDED_FUNCTIONS, clear=True))
+    # Call by call, as arguments above `FUSE_AT_MOST_BYTES` are (traced into one
+    # function, TensorFlow's executor decides what is alive when).
+    self.enter_context(mock.patch.object(in_process, 'FUSE_AT_MOST_BYTES', 0))
 
   def _most_client_values_alive(self, computation):
     """Calls `computation` on the clients; returns its result and the most outputs

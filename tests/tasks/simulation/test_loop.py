@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tasks import builders
 from tasks import registry
+from tasks.builders import task as task_lib
 from tasks.simulation import loop
 
 
@@ -46,6 +47,29 @@ class StepScheduleTest(parameterized.TestCase):
   def test_rejects_bad_values(self, initial, decay, period):
     with self.assertRaises(ValueError):
       loop.StepSchedule(initial, decay, period)
+
+
+class SeedUnseededOperationsTest(parameterized.TestCase):
+
+  def _shuffle_seeds_after(self, set_seed, seed):
+    set_seed(seed)
+    data = tf.data.Dataset.range(10)
+    return [task_lib.shuffle_seeds(data.shuffle(10)) for _ in range(3)]
+
+  @parameterized.parameters(0, 7, 2**40 + 3)
+  def test_gives_operations_the_seeds_tf_random_set_seed_gives(self, seed):
+    self.assertEqual(self._shuffle_seeds_after(loop.seed_unseeded_operations, seed),
+                     self._shuffle_seeds_after(tf.random.set_seed, seed))
+
+  def test_keeps_the_eager_kernels(self):
+    # tf.random.set_seed clears the kernel cache: a seeded stateful op starts over.
+    # Kept, it goes on (and so do the in-process aggregation's instantiated functions).
+    tf.random.set_seed(1)
+    first = tf.random.uniform([2], seed=5).numpy()
+    tf.random.set_seed(1)
+    np.testing.assert_array_equal(tf.random.uniform([2], seed=5), first)
+    loop.seed_unseeded_operations(1)
+    self.assertFalse(np.array_equal(tf.random.uniform([2], seed=5), first))
 
 
 class FlattenMetricsTest(parameterized.TestCase):
