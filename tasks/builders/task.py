@@ -200,7 +200,7 @@ class Task:
     dataset = dataset.repeat(spec.num_epochs)
     if spec.max_elements is not None:
       dataset = dataset.take(spec.max_elements)
-    return dataset.batch(spec.batch_size)
+    return dataset.batch(spec.batch_size).with_options(_CLIENT_DATASET_OPTIONS)
 
   def client_dataset(self, client_id: str,
                      data_attack: Optional[str] = None) -> tf.data.Dataset:
@@ -227,6 +227,20 @@ class Task:
     """The element spec of batched client datasets (TFF's `input_spec`)."""
     return self.preprocess(self.train_data.create_tf_dataset_for_client(
         self.train_data.client_ids[0])).element_spec
+
+
+def _client_dataset_options() -> tf.data.Options:
+  """Without tf.data's default graph rewrites (fusions, injected prefetches): each
+  rewrites a client's pipeline again every time TFF's runtime iterates it, a sixth of
+  a linear round's training, for a few dozen elements that gain nothing from them.
+  They never change the elements or their order (tests/tasks/builders/test_task.py)."""
+  options = tf.data.Options()
+  options.experimental_optimization.apply_default_optimizations = False
+  options.autotune.enabled = False
+  return options
+
+
+_CLIENT_DATASET_OPTIONS = _client_dataset_options()
 
 
 def _seeded_shuffle(dataset: tf.data.Dataset, buffer_size: int, seed,
