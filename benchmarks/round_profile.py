@@ -57,6 +57,8 @@ _CPROFILE = flags.DEFINE_integer('cprofile', 0, 'Also print this many functions 
 FLAGS.set_default('attacks', ['omniscient'])
 FLAGS.set_default('rhos', ['0.1'])
 FLAGS.set_default('output_dir', '')
+# One process: the phases are timed in this one.
+FLAGS.set_default('parallel_runs', 1)
 
 PHASES = ('setup', 'client datasets', 'training', 'attack', 'aggregation',
           'server update', 'evaluation', 'metrics + checkpoints', 'other')

@@ -23,6 +23,7 @@ what is wrong and the fix, so it is printed as one stderr line, without a traceb
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from typing import Callable, Optional
 
@@ -78,6 +79,27 @@ def _where() -> str:
   return f'after round {_checkpointed - 1}' if _checkpointed else 'in round 0'
 
 
+# Copies of this binary it started (`tasks.binaries.parallel_runs`): interrupted with it.
+_COPIES: list = []
+
+
+def interrupt_with_this_binary(process: subprocess.Popen) -> None:
+  """Makes Ctrl-C or SIGTERM of this binary pass on to `process` (a copy of it), and
+  wait for it to end, before the binary ends."""
+  _COPIES.append(process)
+
+
+def _interrupt_copies(signum: int) -> None:
+  for copy in _COPIES:
+    if copy.poll() is None:
+      copy.send_signal(signum)
+  for copy in _COPIES:
+    try:
+      copy.wait(timeout=60)  # Each ends as this one does, at once.
+    except subprocess.TimeoutExpired:
+      copy.kill()
+
+
 def _exit_on_signal(signum, frame):
   """Ends the binary at once, with one line, on Ctrl-C or SIGTERM.
 
@@ -91,6 +113,7 @@ def _exit_on_signal(signum, frame):
   print(f'{os.linesep if sys.stderr.isatty() else ""}interrupted'
         f'{" " + where if where else ""}; rerun the same command to resume',
         file=sys.stderr, flush=True)
+  _interrupt_copies(signum)
   runtime.stop_worker_binaries(timeout=1.0)
   sys.stdout.flush()
   os._exit(128 + signum)  # pylint: disable=protected-access

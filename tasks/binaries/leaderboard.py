@@ -53,6 +53,7 @@ from absl import flags
 from tasks import builders
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
+from tasks.binaries import parallel_runs
 from tasks.simulation import attacks
 from tasks.simulation import leaderboard
 from tasks.simulation import ledger
@@ -70,6 +71,7 @@ flag_groups.define_training_flags(sweep=True, rounds=30, clients_per_round=10,
 flag_groups.define_sweep_flags(
     aggregators=leaderboard.DEFAULT_AGGREGATORS, attacks=leaderboard.DEFAULT_ATTACKS,
     rhos=['0', '0.1', '0.25'], seeds=['0', '1', '2'], output_dir='')
+parallel_runs.define_flags()
 flags.DEFINE_string('results_dir', os.path.join(_REPO, 'results'), 'Where to also '
                     'write leaderboard_<task>_<model>[_momentum].md and .png; empty to '
                     'skip.')
@@ -174,14 +176,27 @@ def main(argv):
   task, spec = flag_groups.start_sweep_binary(argv, attacks_of_task=_attacks_of)
   output_dir = _output_dir()
   ledger_path = _ledger_path(output_dir)
+  page_specs = _pages(spec)
+  by_copies = [0] * len(page_specs)
+  if parallel_runs.starts_copies():
+    pending = lambda: [len(sweep.pending_runs(task, s, output_dir,
+                                              ledger.read(ledger_path)))
+                       for s, _ in page_specs]
+    before = pending()
+    parallel_runs.train_in_copies('tasks.binaries.leaderboard')
+    by_copies = [b - a for b, a in zip(before, pending())]
   pages, trained = [], 0
-  for page_spec, suffix in _pages(spec):  # Plain rows first: their page is done first.
+  # Plain rows first: their page is done first.
+  for (page_spec, suffix), page_by_copies in zip(page_specs, by_copies):
     trained += sweep.run_sweep(task, page_spec, output_dir, progress=FLAGS.progress,
                                checkpoint_period=FLAGS.checkpoint_period,
                                recorded=ledger.read(ledger_path),
                                ledger_path=ledger_path,
-                               keep_checkpoints=FLAGS.keep_checkpoints)
-    pages.append((page_spec, suffix, trained))
+                               keep_checkpoints=FLAGS.keep_checkpoints,
+                               shard=parallel_runs.shard())
+    pages.append((page_spec, suffix, trained + page_by_copies))
+  if parallel_runs.is_copy():
+    return
   # Runs that other slices finished in the same output directory.
   entries = ledger.merge(ledger_path, sweep.finished_entries(task, spec, output_dir))
   left_alone = _targets_left_alone()

@@ -38,6 +38,7 @@ from absl import flags
 
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
+from tasks.binaries import parallel_runs
 from tasks.simulation import sweep
 
 FLAGS = flags.FLAGS
@@ -56,6 +57,8 @@ flag_groups.define_sweep_flags(
     attacks=['omniscient', 'data'], rhos=['0', '0.1', '0.25'], seeds=['0'],
     aggregator_args=['gamma_mean:initial_point=geometric_median'],
     output_dir='runs/main_job')
+# Both cores: a run alone keeps about 1.3 busy (tasks.binaries.parallel_runs).
+parallel_runs.define_flags(default=2)
 _COMMITTED_PAGE = os.path.join(_REPO, 'results', 'main_job.md')
 flags.DEFINE_string('results_markdown', '', 'Also write the page (the markdown table '
                     'and its protocol) to this file; empty: only <output_dir>/main_job.md.')
@@ -127,8 +130,12 @@ def main(argv):
   start = time.time()
   _check_committed_files_keep_the_readme_configuration()
   task, spec = flag_groups.start_sweep_binary(argv)
+  parallel_runs.train_in_copies('tasks.binaries.main_job')
   sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress,
-                  checkpoint_period=FLAGS.checkpoint_period)
+                  checkpoint_period=FLAGS.checkpoint_period,
+                  shard=parallel_runs.shard())
+  if parallel_runs.is_copy():
+    return
   table = sweep.write_report(spec, FLAGS.output_dir)
   elapsed = time.time() - start
   page = _results_page(table, elapsed)

@@ -18,6 +18,7 @@ from absl import flags
 
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
+from tasks.binaries import parallel_runs
 from tasks.simulation import sweep
 
 FLAGS = flags.FLAGS
@@ -25,6 +26,7 @@ FLAGS = flags.FLAGS
 flag_groups.define_task_flags()
 flag_groups.define_training_flags(sweep=True)
 flag_groups.define_sweep_flags()
+parallel_runs.define_flags()
 flags.DEFINE_string('results_dir', '', 'Also copy the table and plots here (e.g. '
                     'results/fig2_emnist_linear); empty: only --output_dir.')
 flag_groups.validate_output_paths(directories=['results_dir'])
@@ -62,8 +64,16 @@ def copy_results(spec: sweep.SweepSpec, page: str, results_dir: str) -> None:
 def main(argv):
   start = time.time()
   task, spec = flag_groups.start_sweep_binary(argv)
-  trained = sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress,
-                            checkpoint_period=FLAGS.checkpoint_period)
+  trained = 0
+  if parallel_runs.starts_copies():
+    pending = len(sweep.pending_runs(task, spec, FLAGS.output_dir))
+    parallel_runs.train_in_copies('tasks.binaries.sweep')
+    trained = pending - len(sweep.pending_runs(task, spec, FLAGS.output_dir))
+  trained += sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress,
+                             checkpoint_period=FLAGS.checkpoint_period,
+                             shard=parallel_runs.shard())
+  if parallel_runs.is_copy():
+    return
   table = sweep.write_report(spec, FLAGS.output_dir, title=_title())
   if FLAGS.results_dir:
     copy_results(spec, _results_page(table, spec, trained, time.time() - start),

@@ -165,9 +165,12 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
               checkpoint_period: int = 1,
               log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
               recorded: Optional[Mapping[ledger.Key, ledger.Entry]] = None,
-              ledger_path: Optional[str] = None, keep_checkpoints: bool = True) -> int:
+              ledger_path: Optional[str] = None, keep_checkpoints: bool = True,
+              shard: tuple[int, int] = (0, 1)) -> int:
   """Runs (or resumes) every run of `spec` on `task`, sequentially, in-process;
-  returns how many runs it trained. Finished runs are skipped, and so are the runs
+  returns how many runs it trained. With `shard=(i, n)`, only runs i, i + n, i + 2n,
+  ... of `spec.runs()` (from 0): n processes side by side, one per shard, share the
+  grid's runs among them. Finished runs are skipped, and so are the runs
   `recorded` (a ledger, `tasks.simulation.ledger`) holds with this task's and spec's
   fingerprint. Each run checkpoints every `checkpoint_period` rounds
   (`experiment.run_experiment`). A run that finishes (or diverges) writes its
@@ -177,10 +180,15 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
   every sampled client's momentum in them); its metrics.csv, config.json and
   fingerprint stay, and are what mark it finished. A run another process owns (a
   slice side by side training the same cell, `run_lock`) is skipped with a line."""
+  shard_index, num_shards = shard
+  if not 0 <= shard_index < num_shards:
+    raise ValueError(f'shard must be (i, n) with 0 ≤ i < n, got {shard}.')
   runs = spec.runs()
   recorded = recorded or {}
   trained = 0
   for index, run in enumerate(runs, start=1):
+    if (index - 1) % num_shards != shard_index:
+      continue
     directory = run_dir(output_dir, run)
     label = f'[{index}/{len(runs)}] {run.name}'
     fingerprint = run_fingerprint(task, spec, run)
@@ -310,6 +318,16 @@ def _clear_failure(directory: str) -> None:
   path = os.path.join(directory, FAILED_MARKER)
   if os.path.exists(path):
     os.remove(path)
+
+
+def pending_runs(task, spec: SweepSpec, output_dir: str,
+                 recorded: Optional[Mapping[ledger.Key, ledger.Entry]] = None
+                 ) -> list[Run]:
+  """The runs of `spec` that `run_sweep` would train (not finished, not in
+  `recorded`)."""
+  return [run for run in spec.runs() if not _why_skipped(
+      run_dir(output_dir, run), spec, run, run_fingerprint(task, spec, run),
+      recorded or {})]
 
 
 def failed_runs(spec: SweepSpec, output_dir: str) -> list[Run]:

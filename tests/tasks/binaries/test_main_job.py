@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 _TINY = ['--data_source=synthetic', '--aggregators=mean,gm', '--attacks=omniscient',
-         '--rhos=0,0.2', '--rounds=1', '--clients_per_round=3', '--noprogress']
+         '--rhos=0,0.2', '--rounds=1', '--clients_per_round=3', '--noprogress',
+         '--parallel_runs=1']
 # The tiny configuration's protocol line, found in any page it wrote.
 _TINY_PROTOCOL = '1 rounds, 3 clients/round'
 _COMMITTED = ('README.md', os.path.join('results', 'main_job.md'))

@@ -52,6 +52,7 @@ def test_results_dir_gets_the_table_with_its_command_and_the_plots(tmp_path):
 # Bad flags of the sweep binaries: (binary, flags, a pattern of what stderr says).
 _BAD_FLAGS = [
     ('sweep', '--seeds=-1', '--seeds must be integers ≥ 0'),
+    ('sweep', '--run_shard=2/2', '--run_shard must be i/N with integers 0 ≤ i < N'),
     ('sweep', '--attacks=alei --attack_args=z=1', 'alei unknown'),
     ('sweep', f'--results_dir={os.path.abspath(__file__)}', '--results_dir=.*is a file'),
     ('sweep', '--aggregators=mean,gmm',
