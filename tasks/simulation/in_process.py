@@ -94,6 +94,10 @@ _MAX_COMPILED = 256
 # overhead of its TensorFlow computations, above it the arithmetic, and there the
 # client-by-client evaluation holds the fewest intermediates at once.
 FUSE_AT_MOST_BYTES = 64 << 20
+# ... from its computation's this-many-plus-first call with those shapes: tracing
+# costs 0.2–1 s, which a run's rounds repay and a call or two (a test, a short
+# run) do not.
+FUSE_AFTER_CALLS = 2
 
 
 class UnsupportedComputationError(ValueError):
@@ -145,7 +149,7 @@ class InProcessComputation:
     leaves = _flat_value(value)
     if (self._compiled.fusable and
         sum(_nbytes(leaf) for leaf in leaves) <= FUSE_AT_MOST_BYTES):
-      value = self._fused_call(num_clients, leaves)
+      value = self._fused_call(num_clients, value, leaves)
     else:
       value = self._evaluate(num_clients, value)
     return type_conversions.type_to_py_container(_to_numpy(value),
@@ -160,14 +164,18 @@ class InProcessComputation:
     finally:
       evaluation.release()
 
-  def _fused_call(self, num_clients: Optional[int], leaves: list):
+  def _fused_call(self, num_clients: Optional[int], value, leaves: list):
     """`_evaluate` traced into one TensorFlow function (per number of clients and
-    argument shapes, shared by equal computations): one call instead of hundreds of
-    eager ones (a 3-pass GM of 10 clients calls 300)."""
+    argument shapes, shared by equal computations; after `FUSE_AFTER_CALLS` calls
+    evaluated as they are): one call instead of hundreds of eager ones (a 3-pass GM
+    of 10 clients calls 300). `leaves` are `value`'s tensors."""
     parameter, result = self.type_signature.parameter, self.type_signature.result
     specs = tuple(tf.TensorSpec(leaf.shape, leaf.dtype) for leaf in leaves)
-    fused = self._compiled.fused
+    fused, calls = self._compiled.fused, self._compiled.calls
     if (num_clients, specs) not in fused:
+      calls[num_clients, specs] = calls.get((num_clients, specs), 0) + 1
+      if calls[num_clients, specs] <= FUSE_AFTER_CALLS:
+        return self._evaluate(num_clients, value)
 
       def evaluate_flat(*flat):
         value = (None if parameter is None else
@@ -187,9 +195,10 @@ class _Compiled:
     self.block = block
     self.references = _reference_counts(block)
     self.fusable = _fusable(type_signature, block)
-    # The traced functions of `_fused_call`, by number of clients and arguments'
-    # specs.
+    # The traced functions of `_fused_call`, and the calls made before tracing
+    # one, by number of clients and arguments' specs.
     self.fused = {}
+    self.calls = {}
 
 
 def process_next(process) -> Optional[Callable[..., Any]]:

@@ -37,31 +37,25 @@ def _finished(output_dir) -> list[str]:
                 if (runs / run / 'FINGERPRINT').exists()) if runs.exists() else []
 
 
-def test_copies_train_each_run_once_with_the_results_of_one_process(tmp_path):
+def test_a_shard_and_then_copies_train_each_run_once_as_one_process_would(tmp_path):
   [alone] = command_lines.run_each('tasks.binaries.sweep',
                                    [[*_FLAGS, f'--output_dir={tmp_path / "one"}']])
-  copies = _sweep(tmp_path / 'two', '--parallel_runs=2')
   assert alone.returncode == 0, alone.stderr[-3000:]
+  # A shard alone: its runs, no table.
+  shard = _sweep(tmp_path / 'two', '--run_shard=1/2')
+  assert shard.returncode == 0, shard.stderr[-3000:]
+  assert _finished(tmp_path / 'two') == sorted(_RUNS[1::2])
+  assert not (tmp_path / 'two' / 'summary.csv').exists()
+  # Then two copies: the first trains what is left of its shard, the second nothing;
+  # the binary, after them, trains nothing and writes the table.
+  copies = _sweep(tmp_path / 'two', '--parallel_runs=2')
   assert copies.returncode == 0, copies.stderr[-3000:]
-  # The copies trained every run; the binary, after them, none.
-  assert copies.stderr.count(': finished, skipped.') == len(_RUNS), copies.stderr[-3000:]
+  assert _finished(tmp_path / 'two') == sorted(_RUNS)
+  assert copies.stderr.count(': finished, skipped.') == len(_RUNS) + 2, (
+      copies.stderr[-3000:])
   for run in _RUNS:
     metrics = [(tmp_path / side / 'runs' / run / 'metrics.csv').read_bytes()
                for side in ('one', 'two')]
     assert metrics[0] == metrics[1], run
   assert ((tmp_path / 'one' / 'summary.csv').read_bytes() ==
           (tmp_path / 'two' / 'summary.csv').read_bytes())
-
-
-def test_a_shard_trains_its_runs_only_and_the_next_invocation_the_rest(tmp_path):
-  shard = _sweep(tmp_path, '--run_shard=1/2')
-  assert shard.returncode == 0, shard.stderr[-3000:]
-  assert _finished(tmp_path) == sorted(_RUNS[1::2])
-  assert not (tmp_path / 'summary.csv').exists()  # A shard writes no table.
-
-  rest = _sweep(tmp_path)
-  assert rest.returncode == 0, rest.stderr[-3000:]
-  assert _finished(tmp_path) == sorted(_RUNS)
-  assert rest.stderr.count(': finished, skipped.') == 2
-  assert (tmp_path / 'summary.csv').exists()
-

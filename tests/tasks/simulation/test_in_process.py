@@ -82,7 +82,8 @@ class AggregationTest(parameterized.TestCase):
       # Both ways a call runs in process: one traced function (small arguments),
       # and each TensorFlow computation on its own (large ones).
       for fuse_at_most_bytes in (in_process.FUSE_AT_MOST_BYTES, 0):
-        with mock.patch.object(in_process, 'FUSE_AT_MOST_BYTES', fuse_at_most_bytes):
+        with mock.patch.object(in_process, 'FUSE_AT_MOST_BYTES', fuse_at_most_bytes), \
+             mock.patch.object(in_process, 'FUSE_AFTER_CALLS', 0):
           actual = aggregate(in_process_state, list(updates), list(weights))
         where = (f'{name}, round {round_num} ({kind}), '
                  f'{"fused" if fuse_at_most_bytes else "call by call"}')
@@ -91,6 +92,20 @@ class AggregationTest(parameterized.TestCase):
                       f'{where}: measurements')
         _assert_equal(self, expected.state, actual.state, exact, f'{where}: state')
       federated_state, in_process_state = expected.state, actual.state
+
+  def test_a_call_is_traced_once_it_repeats(self):
+    process = registry.aggregator_from_name('gm').create(_VALUE_TYPE, _WEIGHT_TYPE)
+    updates, weights = cases.simulation_round('random', 0)
+    with mock.patch.dict(in_process._COMPILED, clear=True):
+      aggregate = in_process.aggregation(process)
+      [compiled] = in_process._COMPILED.values()
+      results = []
+      for call in range(in_process.FUSE_AFTER_CALLS + 1):
+        self.assertEmpty(compiled.fused, f'traced before call {call}')
+        results.append(aggregate(process.initialize(), list(updates), list(weights)))
+      self.assertLen(compiled.fused, 1)
+      for result in results[1:]:
+        _assert_equal(self, results[0].result, result.result, True, 'result')
 
   def test_the_updates_are_dropped_once_taken(self):
     _, process, aggregate = _process_and_aggregation('gm')
