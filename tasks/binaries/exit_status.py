@@ -89,7 +89,9 @@ def interrupt_with_this_binary(process: subprocess.Popen) -> None:
   _COPIES.append(process)
 
 
-def _interrupt_copies(signum: int) -> None:
+def interrupt_copies(signum: int = signal.SIGINT) -> None:
+  """Sends `signum` to the copies still running and waits for them to end (each
+  keeps its checkpoints, as the binary does)."""
   for copy in _COPIES:
     if copy.poll() is None:
       copy.send_signal(signum)
@@ -113,7 +115,7 @@ def _exit_on_signal(signum, frame):
   print(f'{os.linesep if sys.stderr.isatty() else ""}interrupted'
         f'{" " + where if where else ""}; rerun the same command to resume',
         file=sys.stderr, flush=True)
-  _interrupt_copies(signum)
+  interrupt_copies(signum)
   runtime.stop_worker_binaries(timeout=1.0)
   sys.stdout.flush()
   os._exit(128 + signum)  # pylint: disable=protected-access

@@ -179,9 +179,12 @@ def main(argv):
   page_specs = _pages(spec)
   by_copies = [0] * len(page_specs)
   if parallel_runs.starts_copies():
-    pending = lambda: [len(sweep.pending_runs(task, s, output_dir,
-                                              ledger.read(ledger_path)))
-                       for s, _ in page_specs]
+
+    def pending():
+      recorded = ledger.read(ledger_path)
+      return [len(sweep.pending_runs(task, s, output_dir, recorded))
+              for s, _ in page_specs]
+
     before = pending()
     parallel_runs.train_in_copies('tasks.binaries.leaderboard')
     by_copies = [b - a for b, a in zip(before, pending())]

@@ -16,7 +16,6 @@ afterwards, after a line naming the copy's exit status (its own messages are abo
 Interrupted (Ctrl-C, SIGTERM), the binary interrupts its copies and waits for them.
 """
 
-import signal
 import subprocess
 import sys
 from typing import Optional
@@ -88,13 +87,4 @@ def train_in_copies(module: str) -> None:
               f'status {copy.returncode} (its messages are above); this process '
               'trains the runs it left.', file=sys.stderr)
   finally:
-    _interrupt_and_wait(copies)
-
-
-def _interrupt_and_wait(copies: list) -> None:
-  """Stops the copies still running (as Ctrl-C would: each keeps its checkpoints)."""
-  for copy in copies:
-    if copy.poll() is None:
-      copy.send_signal(signal.SIGINT)
-  for copy in copies:
-    copy.wait()
+    exit_status.interrupt_copies()  # Those still running, on an error here.

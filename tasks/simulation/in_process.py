@@ -94,9 +94,9 @@ _MAX_COMPILED = 256
 # overhead of its TensorFlow computations, above it the arithmetic, and there the
 # client-by-client evaluation holds the fewest intermediates at once.
 FUSE_AT_MOST_BYTES = 64 << 20
-# ... from its computation's this-many-plus-first call with those shapes: tracing
-# costs 0.2–1 s, which a run's rounds repay and a call or two (a test, a short
-# run) do not.
+# The calls of a computation (with the same shapes) evaluated call by call before it
+# is traced: tracing costs 0.2–1 s, which a run's rounds repay and a call or two (a
+# test, a short run) do not.
 FUSE_AFTER_CALLS = 2
 
 
