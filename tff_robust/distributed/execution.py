@@ -66,6 +66,7 @@ import collections
 import contextlib
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -944,8 +945,10 @@ class LocalWorkers:
   needs the driver's side. Workers listen on free ports (or `ports`). A port
   something already listens on is refused (`WorkerError` naming it), and a worker
   counts as started once it accepts connections on its port and is the only process
-  listening there. Each worker's output goes to a log file in `log_dir` (default a
-  temporary directory), not to this process's stdout, so `python x.py | tail` ends.
+  listening there. Each worker's output goes to a log file in `log_dir`, not to this
+  process's stdout, so `python x.py | tail` ends; by default a temporary directory,
+  which the block removes when it ends without an exception (on one, the logs stay for
+  the error, which names them).
   The kernel kills a launcher if the starting Python process dies, and its
   worker_binary with it (PR_SET_PDEATHSIG).
 
@@ -978,6 +981,7 @@ class LocalWorkers:
     self._max_megabytes = arguments.check_positive_int('max_message_megabytes',
                                                        max_message_megabytes)
     self._log_dir = log_dir
+    self._temporary_log_dir = log_dir is None
     self._startup_timeout = arguments.check_positive_float('startup_timeout',
                                                            startup_timeout)
     self._processes: list[Optional[subprocess.Popen]] = []
@@ -1008,8 +1012,11 @@ class LocalWorkers:
       raise
     return self
 
-  def __exit__(self, *exc_info):
+  def __exit__(self, exc_type, *unused_exc_info):
     self.stop()
+    if exc_type is None and self._temporary_log_dir and self._log_dir is not None:
+      shutil.rmtree(self._log_dir, ignore_errors=True)
+      self._log_dir = None
 
   def start(self) -> None:
     """Starts every worker and waits until each accepts connections.

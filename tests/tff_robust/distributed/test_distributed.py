@@ -1,6 +1,8 @@
 """tff_robust.distributed and tff_robust.distributed.passwise: aggregations with their clients split
 over two local worker_binary processes (127.0.0.1) equal the single-process result."""
 
+import os
+import shutil
 import time
 
 import numpy as np
@@ -199,8 +201,18 @@ def test_local_workers_stop_when_the_block_raises():
     with distributed.LocalWorkers(1) as local:
       pids = local.pids
       assert processes.running(pids) == pids
+      log = local.log_path(0)
       raise KeyError('boom')
   assert not processes.running(pids)
+  assert os.path.exists(log)  # Kept for the error.
+  shutil.rmtree(os.path.dirname(log))
+
+
+def test_local_workers_remove_their_temporary_logs_when_the_block_ends():
+  with distributed.LocalWorkers(1) as local:
+    log = local.log_path(0)
+    assert os.path.exists(log)
+  assert not os.path.exists(os.path.dirname(log))
 
 
 @pytest.mark.parametrize('addresses, message', [
