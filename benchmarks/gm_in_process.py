@@ -3,7 +3,10 @@ bandwidth, on one round of n clients × p float32 parameters, in one run.
 
 *   in process: `tasks.simulation.in_process.aggregation` of RFA's federated process
     (`tff_robust.GeometricMedianFactory`, R = 3 passes from zero, the paper's absolute
-    ν = 1e-6, every pass applied), the simulation's path for it;
+    ν = 1e-6, every pass applied), the simulation's path for it: traced into one
+    TensorFlow function (from a run's third round, for arguments of at most
+    `in_process.FUSE_AT_MOST_BYTES`), and client by client (larger calls, and the
+    first two);
 *   numpy: the same three smoothed Weiszfeld passes written plainly
     (`β_i = α_i / max(ν, ‖x_i − z‖)`, `z ← Σ β_i x_i / Σ β_i`), as a popular torch
     library writes them, on the `[n, p]` matrix;
@@ -64,29 +67,50 @@ def main(argv):
   def run_in_process():
     return aggregate(state, [row for row in matrix], weights).result
 
-  timings = {'in process': [], 'numpy': [], 'one read': []}
+  def run_client_by_client():
+    fuse_at_most_bytes = in_process.FUSE_AT_MOST_BYTES
+    in_process.FUSE_AT_MOST_BYTES = 0
+    try:
+      return run_in_process()
+    finally:
+      in_process.FUSE_AT_MOST_BYTES = fuse_at_most_bytes
+
+  timings = {'in process': [], 'client by client': [], 'numpy': [], 'one read': []}
   results = {}
-  run_in_process()  # Embeds the computation's TensorFlow graphs (untimed).
+  # Untimed: embeds the computation's TensorFlow graphs, then traces the call into
+  # one function, as a run's third round does.
+  for _ in range(in_process.FUSE_AFTER_CALLS + 1):
+    run_in_process()
   for _ in range(_REPEATS.value):
     for name, call in (('in process', run_in_process),
+                       ('client by client', run_client_by_client),
                        ('numpy', lambda: numpy_weiszfeld(matrix, alpha)),
                        ('one read', lambda: np.add.reduce(matrix, axis=0))):
       start = time.perf_counter()
       results[name] = call()
       timings[name].append(time.perf_counter() - start)
   median = {name: float(np.median(t)) for name, t in timings.items()}
-  difference = np.max(np.abs(results['in process'] - results['numpy'])) / np.max(
-      np.abs(results['numpy']))
+
+  def difference(name):
+    return np.max(np.abs(results[name] - results['numpy'])) / np.max(
+        np.abs(results['numpy']))
+
   print(f'{n} clients × {p:,} float32 ({matrix.nbytes / 2**20:.0f} MiB), '
         f'{_PASSES} passes, median of {_REPEATS.value} interleaved calls:')
-  print(f'  in process (RFA\'s federated process here)  {median["in process"]:.3f} s')
-  print(f'  numpy Weiszfeld                              {median["numpy"]:.3f} s')
-  print(f'  one read of the matrix                       {median["one read"]:.3f} s')
-  print(f'in process / numpy: {median["in process"] / median["numpy"]:.2f}; '
+  traced = ('traced into one function' if matrix.nbytes <= in_process.FUSE_AT_MOST_BYTES
+            else 'client by client: above FUSE_AT_MOST_BYTES')
+  for name, label in (('in process', f'in process ({traced})'),
+                      ('client by client', 'in process, client by client'),
+                      ('numpy', 'numpy Weiszfeld'),
+                      ('one read', 'one read of the matrix')):
+    print(f'  {label:<48} {median[name]:.3f} s')
+  print(f'in process / numpy: {median["in process"] / median["numpy"]:.2f} (client by '
+        f'client {median["client by client"] / median["numpy"]:.2f}); '
         f'in process / one read: {median["in process"] / median["one read"]:.1f} '
         f'(the bound for {_PASSES} passes is {_PASSES} reads: '
         f'{median["in process"] / (_PASSES * median["one read"]):.1f}× it); '
-        f'largest relative difference of the results {difference:.1e}')
+        f'largest relative difference to numpy\'s result {difference("in process"):.1e} '
+        f'(client by client {difference("client by client"):.1e})')
 
 
 if __name__ == '__main__':

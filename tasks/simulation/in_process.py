@@ -90,10 +90,13 @@ _MAX_COMPILED = 256
 
 
 # A call whose arguments hold at most this many bytes runs as one TensorFlow function
-# (`InProcessComputation._fused_call`): below it a call's time is the per-call
-# overhead of its TensorFlow computations, above it the arithmetic, and there the
-# client-by-client evaluation holds the fewest intermediates at once.
-FUSE_AT_MOST_BYTES = 64 << 20
+# (`InProcessComputation._fused_call`): about twice as fast even where the arithmetic
+# dominates (a 3-pass GM of 50 × 1M float32, 200 MB: 0.230 → 0.133 s,
+# `benchmarks.gm_in_process`), but TensorFlow's executor then holds every client's
+# intermediates at once, about one more copy of the arguments. Above it, the
+# client-by-client evaluation keeps the peak near the round's data (the ConvNet's
+# 50 × 6.4M, 1.2 GB: 1.1 GB more traced).
+FUSE_AT_MOST_BYTES = 256 << 20
 # The calls of a computation (with the same shapes) evaluated call by call before it
 # is traced: tracing costs 0.2–1 s, which a run's rounds repay and a call or two (a
 # test, a short run) do not.
