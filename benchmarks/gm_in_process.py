@@ -24,11 +24,11 @@ with the ratios and the largest relative difference between the two medians.
 
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow_federated as tff
 
+from tasks.binaries import exit_status
 from tasks.simulation import in_process
 import tff_robust
 
@@ -114,4 +114,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  exit_status.run(main)

@@ -4,6 +4,7 @@ only, and the import graph of the layers (docs/design.md)."""
 import ast
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -109,6 +110,37 @@ def test_no_binary_imports_another_binary():
   wrong = [(_module(path), name) for path in _ours('tasks') for name in _imports(path)
            if name in binaries or any(name.startswith(b + '.') for b in binaries)]
   assert not wrong
+
+
+def _main_block(path: pathlib.Path) -> str:
+  """The source of `path`'s `if __name__ == '__main__':` block ('' without one)."""
+  source = path.read_text(encoding='utf-8')
+  for node in ast.parse(source).body:
+    if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and
+        isinstance(node.test.left, ast.Name) and node.test.left.id == '__name__'):
+      return ast.get_source_segment(source, node)
+  return ''
+
+
+# What a program imports when it may run TFF computations in its own process.
+_RUNS_TFF = ('tensorflow_federated', 'tff_robust', 'tasks.simulation', 'tasks.builders')
+# Programs that run every computation on workers they start and stop themselves.
+_OWN_WORKERS = {'benchmarks.worker_tls_overhead'}
+
+
+def test_programs_that_run_tff_stop_their_worker_binary():
+  # TFF starts a worker_binary on the first computation and leaves it running when the
+  # interpreter exits (its finalizer fails at shutdown): `exit_status.run` stops it.
+  programs = [path for layer in ('tasks', 'benchmarks') for path in _ours(layer)
+              if _main_block(path)]
+  assert len(programs) > 10
+  leaking = [_module(path) for path in programs
+             if any(name.startswith(_RUNS_TFF) for name in _imports(path)) and
+             _module(path) not in _OWN_WORKERS and
+             not {'exit_status.run(', 'worker_binaries_stopped('} & set(
+                 re.findall(r'exit_status\.run\(|worker_binaries_stopped\(',
+                            path.read_text(encoding='utf-8')))]
+  assert not leaking, leaking
 
 
 def _defines_flags_on_import(path: pathlib.Path) -> bool:
