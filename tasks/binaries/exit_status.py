@@ -21,10 +21,12 @@ what is wrong and the fix, so it is printed as one stderr line, without a traceb
 """
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Callable, Optional
 
 from absl import app
@@ -89,17 +91,39 @@ def interrupt_with_this_binary(process: subprocess.Popen) -> None:
   _COPIES.append(process)
 
 
-def interrupt_copies(signum: int = signal.SIGINT) -> None:
+def interrupt_copies(signum: int = signal.SIGINT, timeout: float = 60.0) -> None:
   """Sends `signum` to the copies still running and waits for them to end (each
-  keeps its checkpoints, as the binary does)."""
+  keeps its checkpoints, as the binary does), killing one still running after
+  `timeout` seconds."""
   for copy in _COPIES:
     if copy.poll() is None:
       copy.send_signal(signum)
+  deadline = time.monotonic() + timeout
   for copy in _COPIES:
-    try:
-      copy.wait(timeout=60)  # Each ends as this one does, at once.
-    except subprocess.TimeoutExpired:
+    if not _ended(copy, deadline):
       copy.kill()
+      _ended(copy, math.inf)
+
+
+def _ended(process: subprocess.Popen, deadline: float) -> bool:
+  """Whether `process` ended (reaped, its `returncode` set) by `deadline`.
+
+  Not `process.wait(timeout)`: called from the signal handler that interrupted the
+  binary's own `process.wait()`, it would spin on the lock that call holds until the
+  timeout (Ctrl-C took 60 s to end a binary whose copies had ended at once).
+  """
+  while process.returncode is None:
+    try:
+      pid, status = os.waitpid(process.pid, os.WNOHANG)
+    except ChildProcessError:  # Reaped already.
+      return True
+    if pid:
+      process.returncode = os.waitstatus_to_exitcode(status)
+    elif time.monotonic() >= deadline:
+      return False
+    else:
+      time.sleep(0.01)
+  return True
 
 
 def _exit_on_signal(signum, frame):

@@ -1,9 +1,13 @@
 """The interruption line of the binaries (Ctrl-C, SIGTERM): where a rerun resumes from,
-read from memory in the signal handler, and the exit status 128 + signal."""
+read from memory in the signal handler, and the exit status 128 + signal; the copies
+of --parallel_runs are interrupted and waited for, also from the handler."""
 
 import contextlib
 import io
+import os
 import signal
+import subprocess
+import sys
 from unittest import mock
 
 from absl.testing import absltest
@@ -61,6 +65,40 @@ class InterruptionLineTest(parameterized.TestCase):
   def test_before_the_run_resumed_says_no_round(self):
     # Nothing read yet (e.g. the data still loading): no guess, and no waiting.
     self.assertEqual(_interrupt(signal.SIGINT)[0], f'interrupted; {_RERUN}')
+
+
+# A copy: tells its parent it is running (SIGUSR1), then ends by SIGINT.
+_COPY = ('import os, signal, time\n'
+         'os.kill(os.getppid(), signal.SIGUSR1)\n'
+         'time.sleep(600)\n')
+
+
+class InterruptCopiesTest(absltest.TestCase):
+
+  def test_the_handler_that_interrupted_a_wait_for_a_copy_reaps_it_at_once(self):
+    # The binary waits for its copies (`copy.wait()`) when Ctrl-C comes: the handler
+    # interrupts them and reaps them itself. With `Popen.wait` there it spun on the
+    # lock the interrupted wait holds until its timeout (60 s), then gave up on the
+    # copy, its status unknown.
+    statuses = []
+
+    def interrupt(signum, frame):
+      del signum, frame
+      exit_status.interrupt_copies(signal.SIGINT, timeout=600)
+      statuses.append(copy.returncode)
+
+    def signal_back(signum, frame):
+      del signum, frame
+      os.kill(os.getpid(), signal.SIGINT)  # Handled once `copy.wait()` is running.
+
+    previous = {sig: signal.signal(sig, handler) for sig, handler in
+                ((signal.SIGINT, interrupt), (signal.SIGUSR1, signal_back))}
+    self.addCleanup(lambda: [signal.signal(s, h) for s, h in previous.items()])
+    self.enter_context(mock.patch.object(exit_status, '_COPIES', []))
+    copy = subprocess.Popen([sys.executable, '-c', _COPY], stderr=subprocess.DEVNULL)
+    exit_status.interrupt_with_this_binary(copy)
+    copy.wait()
+    self.assertEqual(statuses, [-signal.SIGINT])
 
 
 if __name__ == '__main__':
