@@ -27,29 +27,58 @@ def _leaderboard_flags(output_dir, results_dir, readme, *flags):
           f'--readme={readme}', *flags]
 
 
-def _leaderboard(output_dir, results_dir, readme, *flags):
-  return subprocess.run(
-      [sys.executable, '-m', 'tasks.binaries.leaderboard',
-       *_leaderboard_flags(output_dir, results_dir, readme, *flags)],
-      cwd=_REPO, capture_output=True, text=True, timeout=600, env=processes.quiet_env())
-
-
 def _table(page: str) -> str:
   return page[page.index('| rank |'):]
 
 
-def _empty_readme(tmp_path):
-  readme = tmp_path / 'README.md'
+def _empty_readme(directory):
+  directory.mkdir(parents=True, exist_ok=True)
+  readme = directory / 'README.md'
   readme.write_text(f'{leaderboard.README_BEGIN}\n{leaderboard.README_END}\n',
                     encoding='utf-8')
   return readme
 
 
-def test_one_command_writes_the_plain_and_the_momentum_pages(tmp_path):
-  readme = _empty_readme(tmp_path)
-  result = _leaderboard(tmp_path / 'runs', tmp_path / 'results', readme)
+@pytest.fixture(scope='module')
+def invocations(tmp_path_factory):
+  """The leaderboard command lines of the two tests below, run one after the other in
+  one process (`command_lines.run_each`: each start costs a TensorFlow import):
+
+  `whole`: the default grid of `_leaderboard_flags`, plain and momentum pages.
+  `first`: a slice without momentum and one attack, its pages and ledger in `results`.
+  Then three more, each writing its pages apart: `second` (no run directories
+  there: the ledger's runs are skipped, only new cells train, and the table keeps the
+  ledger's numbers), `fresh` (every run in the ledger, on a machine that never ran
+  one, a fresh clone: nothing trains, the pages are written from the ledger alone),
+  `broken` (a damaged ledger stops the binary before training, naming the file and
+  the fix).
+  """
+  root = tmp_path_factory.mktemp('leaderboard')
+  paths = dict(root=root, whole_readme=_empty_readme(root / 'whole'),
+               readme=_empty_readme(root), results=root / 'results',
+               ledger=root / 'results' / 'leaderboard_emnist_linear_runs.csv',
+               damaged=root / 'damaged_runs.csv')
+  paths['damaged'].write_text('junk\n')
+  lines = dict(
+      whole=_leaderboard_flags(root / 'whole' / 'runs', root / 'whole' / 'results',
+                               paths['whole_readme']),
+      first=_leaderboard_flags(root / 'runs', paths['results'], '', '--worker_momenta=0',
+                               '--attacks=sign_flip'),
+      second=_leaderboard_flags(root / 'elsewhere', root / 'wider', paths['readme'],
+                                '--worker_momenta=0', f'--ledger={paths["ledger"]}'),
+      fresh=_leaderboard_flags(root / 'fresh', root / 'fresh_pages', '',
+                               '--worker_momenta=0', f'--ledger={paths["ledger"]}'),
+      broken=_leaderboard_flags(root / 'third', root / 'third_pages', '',
+                                '--worker_momenta=0', f'--ledger={paths["damaged"]}'))
+  results = command_lines.run_each('tasks.binaries.leaderboard', list(lines.values()))
+  return dict(zip(lines, results)), paths
+
+
+def test_one_command_writes_the_plain_and_the_momentum_pages(invocations):
+  runs, paths = invocations
+  result = runs['whole']
   assert result.returncode == 0, result.stderr[-3000:]
-  results = tmp_path / 'results'
+  results = paths['root'] / 'whole' / 'results'
   momentum = (results / 'leaderboard_emnist_linear_momentum.md').read_text()
   assert '12 of its 12 runs are finished, 12 of them by this invocation' in momentum
   assert 'worst case ρ=0.3' in momentum
@@ -62,57 +91,40 @@ def test_one_command_writes_the_plain_and_the_momentum_pages(tmp_path):
   assert '+wm' not in _table(plain)
   for line in _table(plain).splitlines()[2:]:
     assert line.split('|', 2)[2] in momentum, line
-  assert plain.strip() in readme.read_text(encoding='utf-8')
+  assert plain.strip() in paths['whole_readme'].read_text(encoding='utf-8')
   for stem in ('leaderboard_emnist_linear', 'leaderboard_emnist_linear_momentum'):
     assert (results / f'{stem}.png').stat().st_size > 5000
 
 
-def test_the_ledger_carries_finished_runs_to_another_machine(tmp_path):
-  results = tmp_path / 'results'
-  first = _leaderboard(tmp_path / 'runs', results, '', '--worker_momenta=0',
-                       '--attacks=sign_flip')
+def test_the_ledger_carries_finished_runs_to_another_machine(invocations):
+  runs, paths = invocations
+  first, second, fresh, broken = (runs[k] for k in ('first', 'second', 'fresh', 'broken'))
+  root = paths['root']
   assert first.returncode == 0, first.stderr[-3000:]
-  ledger_path = results / 'leaderboard_emnist_linear_runs.csv'
-  assert len(ledger_path.read_text().splitlines()) == 1 + 4  # 2 rows × (clean, ρ=.3)
-  page = (results / 'leaderboard_emnist_linear.md').read_text()
+  page = (paths['results'] / 'leaderboard_emnist_linear.md').read_text()
+  # 2 rows × (clean, ρ=.3), all in the ledger the next invocations read.
+  assert '4 of its 4 runs are finished, 4 of them by this invocation' in page
 
-  # Three more invocations, in one process (`command_lines.run_each`), each writing
-  # its pages apart: (1) no run directories here: the ledger's runs are skipped, only
-  # new cells train, and the table keeps the ledger's numbers; (2) every run in the
-  # ledger, on a machine that never ran one (a fresh clone): nothing trains, and the
-  # pages are written from the ledger alone; (3) a damaged ledger stops the binary
-  # before training, naming the file and the fix.
-  readme = _empty_readme(tmp_path)
-  damaged = tmp_path / 'damaged_runs.csv'
-  damaged.write_text('junk\n')
-  second, fresh, broken = command_lines.run_each('tasks.binaries.leaderboard', [
-      _leaderboard_flags(tmp_path / 'elsewhere', tmp_path / 'wider', readme,
-                         '--worker_momenta=0', f'--ledger={ledger_path}'),
-      _leaderboard_flags(tmp_path / 'fresh', tmp_path / 'fresh_pages', '',
-                         '--worker_momenta=0', f'--ledger={ledger_path}'),
-      _leaderboard_flags(tmp_path / 'third', tmp_path / 'third_pages', '',
-                         '--worker_momenta=0', f'--ledger={damaged}'),
-  ])
   assert second.returncode == 0, second.stderr[-3000:]
   assert second.stderr.count('in the ledger, skipped.') == 4
-  wider = (tmp_path / 'wider' / 'leaderboard_emnist_linear.md').read_text()
+  wider = (root / 'wider' / 'leaderboard_emnist_linear.md').read_text()
   assert '6 of its 6 runs are finished, 2 of them by this invocation' in wider
-  assert wider.strip() in readme.read_text(encoding='utf-8')
-  assert len(ledger_path.read_text().splitlines()) == 1 + 6
+  assert wider.strip() in paths['readme'].read_text(encoding='utf-8')
+  assert len(paths['ledger'].read_text().splitlines()) == 1 + 6
   for label in ('mean', 'bucketing+median'):
     clean = next(line for line in _table(page).splitlines() if f' {label} ' in line)
     assert clean.split('|')[3] in wider, label  # The same clean accuracy.
 
   assert fresh.returncode == 0, fresh.stderr[-3000:]
   assert fresh.stderr.count('in the ledger, skipped.') == 6
-  page = (tmp_path / 'fresh_pages' / 'leaderboard_emnist_linear.md').read_text()
+  page = (root / 'fresh_pages' / 'leaderboard_emnist_linear.md').read_text()
   assert '6 of its 6 runs are finished, 0 of them by this invocation' in page
   assert _table(page) == _table(wider)
 
   assert broken.returncode == 2
-  assert f'ERROR: {damaged}: line 1' in broken.stderr
+  assert f'ERROR: {paths["damaged"]}: line 1' in broken.stderr
   assert 'git checkout' in broken.stderr
-  assert not (tmp_path / 'third' / 'runs').exists()
+  assert not (root / 'third' / 'runs').exists()
 
 
 def test_a_narrowed_slice_leaves_the_committed_pages_alone(tmp_path):
