@@ -106,11 +106,14 @@ def interrupt_copies(signum: int = signal.SIGINT, timeout: float = 60.0) -> None
 
 
 def _ended(process: subprocess.Popen, deadline: float) -> bool:
-  """Whether `process` ended (reaped, its `returncode` set) by `deadline`.
+  """Whether `process` ended by `deadline` (reaped here, its `returncode` set, or
+  reaped elsewhere, its status unknown).
 
   Not `process.wait(timeout)`: called from the signal handler that interrupted the
   binary's own `process.wait()`, it would spin on the lock that call holds until the
-  timeout (Ctrl-C took 60 s to end a binary whose copies had ended at once).
+  timeout (Ctrl-C took 60 s to end a binary whose copies had ended at once). The
+  handler then exits: a `process.wait()` resumed after it would find the process
+  reaped and report status 0.
   """
   while process.returncode is None:
     try:

@@ -90,12 +90,12 @@ _MAX_COMPILED = 256
 
 
 # A call whose arguments hold at most this many bytes runs as one TensorFlow function
-# (`InProcessComputation._fused_call`): about twice as fast even where the arithmetic
+# (`InProcessComputation._fused_call`): 1.7× as fast even where the arithmetic
 # dominates (a 3-pass GM of 50 × 1M float32, 200 MB: 0.230 → 0.133 s,
 # `benchmarks.gm_in_process`), but TensorFlow's executor then holds every client's
 # intermediates at once, about one more copy of the arguments. Above it, the
-# client-by-client evaluation keeps the peak near the round's data (the ConvNet's
-# 50 × 6.4M, 1.2 GB: 1.1 GB more traced).
+# client-by-client evaluation keeps the peak near the round's data (the paper's
+# ConvNet at 50 clients, 1.2 GB: 1.1 GB more traced; at 10 clients, 248 MiB, traced).
 FUSE_AT_MOST_BYTES = 256 << 20
 # The calls of a computation (with the same shapes) evaluated call by call before it
 # is traced: tracing costs 0.2–1 s, which a run's rounds repay and a call or two (a

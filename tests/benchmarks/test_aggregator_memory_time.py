@@ -71,6 +71,30 @@ class AggregatorMemoryTimeTableTest(absltest.TestCase):
     self.assertEqual(on_worker[4:6], ('0.50 G', '0.08'))  # The worker's peak alone.
     self.assertEqual(row(median, None)[3:6], ('', '2.00 G', ''))
 
+  def test_each_path_is_divided_by_its_own_mean(self):
+    gib = 2**30
+
+    def result(name, path, seconds, worker_gib):
+      return dict(name=name, path=path, seconds=seconds, python_peak_bytes=gib,
+                  worker_peak_bytes=int(worker_gib * gib))
+
+    results = {(name, path): result(name, path, seconds, peak)
+               for name, path, seconds, peak in (('mean', 'worker', 2.0, 4),
+                                                 ('mean', 'simulation', 1.0, 1),
+                                                 ('median', 'worker', 6.0, 2),
+                                                 ('median', 'simulation', 5.0, 3))}
+    with tempfile.TemporaryDirectory() as directory:
+      output = os.path.join(directory, 'table.md')
+      aggregator_memory_time._write_markdown(output, results, 'heading', 'command')
+      with open(output, encoding='utf-8') as f:
+        rows = _table_rows(f.read())
+    # time / mean, peak / mean: the worker's peak alone on the worker path, Python +
+    # worker on the simulation path.
+    self.assertEqual((rows['median', 'worker'][1], rows['median', 'worker'][3]),
+                     ('3.00', '0.50'))
+    self.assertEqual((rows['median', 'simulation'][1], rows['median', 'simulation'][3]),
+                     ('5.00', '2.00'))
+
   def test_an_aggregator_whose_worker_died_is_a_row_that_says_why(self):
     mean = dict(name='mean', path='worker', seconds=2.0, python_peak_bytes=2**30,
                 worker_peak_bytes=2**33)

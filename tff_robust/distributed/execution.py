@@ -945,10 +945,10 @@ class LocalWorkers:
   needs the driver's side. Workers listen on free ports (or `ports`). A port
   something already listens on is refused (`WorkerError` naming it), and a worker
   counts as started once it accepts connections on its port and is the only process
-  listening there. Each worker's output goes to a log file in `log_dir`, not to this
-  process's stdout, so `python x.py | tail` ends; by default a temporary directory,
-  which the block removes when it ends without an exception (on one, the logs stay for
-  the error, which names them).
+  listening there. Each worker's output goes to a log file in `log_dir` (`log_path(i)`),
+  not to this process's stdout, so `python x.py | tail` ends; by default a temporary
+  directory, which `stop()` removes, except when the block ends by an exception or
+  the workers fail to start (the logs then stay, for the error).
   The kernel kills a launcher if the starting Python process dies, and its
   worker_binary with it (PR_SET_PDEATHSIG).
 
@@ -1008,15 +1008,12 @@ class LocalWorkers:
     try:
       self.start()
     except BaseException:
-      self.stop()
+      self.stop(keep_logs=True)
       raise
     return self
 
   def __exit__(self, exc_type, *unused_exc_info):
-    self.stop()
-    if exc_type is None and self._temporary_log_dir and self._log_dir is not None:
-      shutil.rmtree(self._log_dir, ignore_errors=True)
-      self._log_dir = None
+    self.stop(keep_logs=exc_type is not None)
 
   def start(self) -> None:
     """Starts every worker and waits until each accepts connections.
@@ -1104,8 +1101,9 @@ class LocalWorkers:
     self._launch(index)
     self._wait_ready(index)
 
-  def stop(self, timeout: float = 5.0) -> None:
-    """Stops every worker (SIGINT, then SIGKILL after `timeout` s) and reaps it."""
+  def stop(self, timeout: float = 5.0, keep_logs: bool = False) -> None:
+    """Stops every worker (SIGINT, then SIGKILL after `timeout` s) and reaps it; removes
+    the temporary log directory unless `keep_logs` (a `log_dir` given is kept)."""
     running = [p for p in self._processes if p is not None and p.poll() is None]
     for process in running:
       process.send_signal(signal.SIGINT)
@@ -1119,6 +1117,9 @@ class LocalWorkers:
     for index in range(len(self._binaries)):
       self._wait_gone(index)
     self._processes = []
+    if not keep_logs and self._temporary_log_dir and self._log_dir is not None:
+      shutil.rmtree(self._log_dir, ignore_errors=True)
+      self._log_dir = None
 
 
 def _zombie(pid: int) -> bool:
