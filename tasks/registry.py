@@ -261,6 +261,14 @@ def aggregator_from_name(
   return nonfinite.NonfiniteFilteringFactory(factory)
 
 
+def takes_assumed_byzantine_fraction(name: str) -> bool:
+  """Whether `aggregator_from_name(name, assumed_byzantine_fraction=ρ)` depends on ρ
+  (Krum, multi-Krum, and anything behind NNM or ARC)."""
+  wrappers, base = split_name(name)
+  return (base in _TAKE_ASSUMED_FRACTION or
+          any(w in _WRAPPERS_TAKING_ASSUMED_FRACTION for w in wrappers))
+
+
 def is_secure_compatible(factory: tff.aggregators.WeightedAggregationFactory) -> bool:
   """What the factory's class declares: True when client values reach the server only
   through sums (so a secure inner sum makes the whole aggregate secure)."""

@@ -282,9 +282,8 @@ def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,
     ValueError: before any training, when the run's aggregator cannot aggregate a
       round of the sweep's clients (Krum's n > 2f + 2 with f = ⌊ρ·n⌋).
   """
-  factory = registry.aggregator_from_name(
-      run.aggregator, assumed_byzantine_fraction=run.rho,
-      **spec.aggregator_args.get(run.aggregator, {}))
+  factory = _aggregator_factory(run.aggregator, run.rho,
+                                spec.aggregator_args.get(run.aggregator, {}))
   registry.check_num_clients(factory, min(
       spec.simulation_kwargs.get('clients_per_round', 10),
       len(task.train_data.client_ids)))
@@ -303,6 +302,21 @@ def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,
     log(f'{label}: {e}')
     with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:
       f.write(str(e) + '\n')
+
+
+# The factories of a sweep's runs, by aggregator, the ρ it depends on and its
+# arguments: one factory object per configuration, so that the simulation creates and
+# compiles its processes once for every run that shares it (`rounds.Round`).
+_FACTORIES: dict = {}
+
+
+def _aggregator_factory(name: str, rho: float, args: Mapping[str, Any]):
+  assumed_fraction = rho if registry.takes_assumed_byzantine_fraction(name) else None
+  key = (name, assumed_fraction, json.dumps(args, sort_keys=True, default=repr))
+  if key not in _FACTORIES:
+    _FACTORIES[key] = registry.aggregator_from_name(
+        name, assumed_byzantine_fraction=rho, **args)
+  return _FACTORIES[key]
 
 
 def _mark_failed(directory: str, label: str, error: Exception,

@@ -272,6 +272,29 @@ class KrumByNameTest(parameterized.TestCase):
       registry.check_num_clients(registry.aggregator_from_name(name), 1)
 
 
+def _configuration(value):
+  """A factory's constructor configuration, nested factories included."""
+  if hasattr(value, '__dict__') and not isinstance(value, type):
+    return (type(value).__name__,
+            {k: _configuration(v) for k, v in sorted(vars(value).items())})
+  if isinstance(value, (list, tuple)):
+    return [_configuration(v) for v in value]
+  return repr(value)
+
+
+class AssumedFractionTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      *registry.known_aggregators(),
+      *(f'{w}{registry.SEPARATOR}median' for w in registry.known_wrappers()))
+  def test_names_it_reaches(self, name):
+    # A sweep builds one factory for every ρ of a name that does not take it.
+    built = [_configuration(registry.aggregator_from_name(
+        name, assumed_byzantine_fraction=rho)) for rho in (0.1, 0.3)]
+    self.assertEqual(registry.takes_assumed_byzantine_fraction(name),
+                     built[0] != built[1])
+
+
 class WrappersByNameTest(parameterized.TestCase):
 
   @parameterized.named_parameters(

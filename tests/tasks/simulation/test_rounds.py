@@ -114,6 +114,22 @@ class RoundTest(parameterized.TestCase):
       mean = np.mean([_flat(u) for u in output.updates], axis=0)
       np.testing.assert_allclose(_flat(output.aggregate), mean, rtol=1e-5, atol=1e-7)
 
+  def test_rounds_of_one_factory_share_its_processes(self):
+    # A sweep's runs of one aggregator create and compile it once.
+    factory = registry.aggregator_from_name('gm')
+    first, second = (rounds.Round(self.client_work, factory) for _ in range(2))
+    self.assertIs(first.aggregation, second.aggregation)
+    self.assertIs(first.aggregate, second.aggregate)
+    other = rounds.Round(self.client_work, registry.aggregator_from_name('gm'))
+    self.assertIsNot(other.aggregation, first.aggregation)
+    reference = rounds.Round(self.client_work, factory, in_process=False)
+    self.assertIsNot(reference.aggregate, first.aggregate)
+    outputs = [round_.next(round_.initialize(self.initial), self.datasets)
+               for round_ in (first, second, other)]
+    for output in outputs[1:]:
+      np.testing.assert_array_equal(_flat(output.aggregate),
+                                    _flat(outputs[0].aggregate))
+
   def test_the_round_learning_rate_is_the_client_optimizers(self):
     state = self.mean_round.initialize(self.initial)
     still = self.mean_round.next(state, self.datasets, learning_rate=0.0)

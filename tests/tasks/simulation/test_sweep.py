@@ -108,6 +108,22 @@ def _blow_up_attacked_runs_at_round_1(run_round):
 
 
 @pytest.mark.slow  # Trains end to end: a sweep of training runs.
+class FactoryPerConfigurationTest(parameterized.TestCase):
+
+  @parameterized.parameters(('gm', {}, True), ('gm', {'num_communication_passes': 2}, True),
+                            ('krum', {}, False), ('arc+mean', {}, False))
+  def test_runs_share_a_factory_unless_their_rho_reaches_it(self, name, args, shared):
+    # pylint: disable=protected-access
+    first = sweep._aggregator_factory(name, 0.1, args)
+    self.assertIs(sweep._aggregator_factory(name, 0.1, dict(args)), first)
+    self.assertEqual(sweep._aggregator_factory(name, 0.25, args) is first, shared)
+
+  def test_other_arguments_another_factory(self):
+    # pylint: disable=protected-access
+    self.assertIsNot(sweep._aggregator_factory('gm', 0.1, {}),
+                     sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 2}))
+
+
 class DivergenceSweepTest(parameterized.TestCase):
 
   def test_a_diverged_run_is_entered_and_the_sweep_goes_on(self):
