@@ -115,17 +115,12 @@ def _ended(process: subprocess.Popen, deadline: float) -> bool:
   handler then exits: a `process.wait()` resumed after it would find the process
   reaped and report status 0.
   """
-  while process.returncode is None:
-    try:
-      pid, status = os.waitpid(process.pid, os.WNOHANG)
-    except ChildProcessError:  # Reaped already.
-      return True
-    if pid:
-      process.returncode = os.waitstatus_to_exitcode(status)
-    elif time.monotonic() >= deadline:
+  if process.returncode is None:
+    ended, code = runtime.reap(process.pid, deadline)
+    if not ended:
       return False
-    else:
-      time.sleep(0.01)
+    if code is not None:
+      process.returncode = code
   return True
 
 

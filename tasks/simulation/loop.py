@@ -246,8 +246,10 @@ class Simulation:
         frozenset() if attack == attacks.NO_ATTACK else
         attacks.select_corrupted_clients(task.client_weights, rho, seed))
     self._client_work = client_work or client_work_lib.fedavg_client_work(task)
-    with tf.Graph().as_default():
-      weights_type = tff.learning.models.weights_type_from_model(task.model_fn())
+    # Built eagerly: a Keras model built in a graph switches Keras' model classes to
+    # their graph-mode bases, and every model built before then refuses to be called
+    # (the personalized client works keep one across rounds).
+    weights_type = tff.learning.models.weights_type_from_model(task.model_fn())
     self._round = rounds.Round(
         self._client_work, aggregator_factory,
         server_optimizer or tff.learning.optimizers.build_sgdm(learning_rate=1.0),

@@ -19,6 +19,7 @@ SIGKILL (or the kernel's out-of-memory killer) runs no code at all: with
 
 import contextlib
 import gc
+import math
 import os
 import secrets
 import signal
@@ -89,13 +90,9 @@ def stop_worker_binaries(timeout: float = 5.0) -> None:
   for pid in pids:
     _signal(pid, signal.SIGINT)
   deadline = time.monotonic() + timeout
-  while pids and time.monotonic() < deadline:
-    pids = [pid for pid in pids if not _reaped(pid)]
-    if pids:
-      time.sleep(0.05)
-  for pid in pids:
+  for pid in [pid for pid in pids if not reap(pid, deadline)[0]]:
     _signal(pid, signal.SIGKILL)
-    _reaped(pid, block=True)
+    reap(pid)
   _forget_stopped_workers()
 
 
@@ -106,12 +103,26 @@ def _signal(pid: int, sig: int) -> None:
     pass
 
 
-def _reaped(pid: int, block: bool = False) -> bool:
-  try:
-    done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
-    return done == pid
-  except ChildProcessError:  # Not our child any more, or already reaped.
-    return True
+def reap(pid: int, deadline: float = math.inf) -> tuple[bool, Optional[int]]:
+  """Waits until `deadline` (a `time.monotonic()` time) for the child process `pid`
+  to end, and reaps it.
+
+  Returns (ended, exit code): the code as `subprocess.Popen.returncode` reports it
+  (−N for a signal N), None when it had been reaped elsewhere or is not a child of
+  this process. Polls instead of blocking in `waitpid`, so that a signal handler may
+  call it while the code it interrupted waits for the same child (`Popen.wait`, whose
+  lock a second `Popen.wait` would spin on until its timeout).
+  """
+  while True:
+    try:
+      done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # Not our child any more, or already reaped.
+      return True, None
+    if done:
+      return True, os.waitstatus_to_exitcode(status)
+    if time.monotonic() >= deadline:
+      return False, None
+    time.sleep(0.01)
 
 
 def _exit_on_sigterm(signum, frame):

@@ -37,6 +37,15 @@ class PersonalizedClientWorkTest(tf.test.TestCase, parameterized.TestCase):
     cls.clients = ls.least_squares_clients(seed=10)
     cls.task = ls.least_squares_task(cls.clients)
 
+  def test_a_second_simulation_of_a_sweep_trains(self):
+    # The second run of a seed builds no Keras model eagerly (its initial model is
+    # drawn once per process), so nothing may leave Keras' model classes in graph
+    # mode, where the client work's eager models refuse to be called.
+    for _ in range(2):
+      simulation = _simulation(self.task, 'ditto', clients_per_round=2)
+      _, metrics = simulation.run_round(simulation.initial_state(), 0)
+      self.assertTrue(np.isfinite(metrics['train_loss']))
+
   @parameterized.named_parameters(('ditto', 'ditto'),
                                   ('personalized_rfa', 'personalized_rfa'))
   def test_two_rounds_match_reference(self, method):

@@ -1,5 +1,6 @@
 """tff_robust.distributed.runtime: importing the package changes nothing; the explicit
-`worker_binaries_stopped()` leaves no TFF worker_binary behind."""
+`worker_binaries_stopped()` leaves no TFF worker_binary behind; `reap` reports what
+`subprocess.Popen` would."""
 
 import os
 import signal
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from tests.helpers import processes
+from tff_robust.distributed import runtime
 
 # Starts subprocesses (programs that import TensorFlow): not in the
 # `pytest -m "not slow"` tier.
@@ -188,3 +190,23 @@ def test_the_guardian_ends_with_the_block_and_leaves_the_environment_as_found():
   assert not processes.running(guardians)
   assert not processes.running(processes.reported_workers(result.stdout))
   assert 'ENVIRONMENT False' in result.stdout
+
+
+@pytest.mark.parametrize('program, code', [
+    ('import sys; sys.exit(3)', 3),
+    ('import os, signal; os.kill(os.getpid(), signal.SIGKILL)', -signal.SIGKILL),
+])
+def test_reap_reports_the_exit_code_popen_would(program, code):
+  child = subprocess.Popen([sys.executable, '-c', program])
+  assert runtime.reap(child.pid) == (True, code)
+  assert runtime.reap(child.pid) == (True, None)  # Reaped: no status left to read.
+
+
+def test_reap_gives_up_at_the_deadline_and_leaves_the_child_to_a_later_call():
+  child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'],
+                           stdin=subprocess.PIPE)
+  try:
+    assert runtime.reap(child.pid, time.monotonic()) == (False, None)
+  finally:
+    child.stdin.close()  # It ends now, and a later reap finds its status.
+  assert runtime.reap(child.pid) == (True, 0)
