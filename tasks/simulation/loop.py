@@ -101,13 +101,16 @@ _MAX_INITIAL_MODELS = 16
 def initial_model(keras_model_fn: Callable[[], tf.keras.Model],
                   seed: int) -> tff.learning.models.ModelWeights:
   """The paper's w⁽⁰⁾ for a run seeded `seed`: Keras' initialization of
-  `keras_model_fn()` right after `set_random_seed(seed)`, the same in every process.
+  `keras_model_fn()` right after `set_random_seed(seed)`, the same in every process
+  (read-only arrays, shared by the calls of one process).
 
-  Leaves Python's, NumPy's and TensorFlow's generators as drawing it does. Drawn once
-  per process and seed: `set_random_seed` clears the eager kernel cache (which the
-  draw needs, so that no cached random kernel continues an earlier stream), and a run
-  whose first round then re-instantiated every TensorFlow function it calls here
-  (the in-process aggregation, the evaluation) started ~0.3 s slower.
+  Drawn once per process and seed; a later call restores Python's, NumPy's and
+  TensorFlow's generators as the draw left them, but not what `set_random_seed` also
+  does: clear the eager kernel cache, so a seeded stateful random kernel that ran
+  here since goes on with its stream instead of restarting it. Nothing a run does in
+  this process draws from one (`seed_unseeded_operations`), and the clear made the
+  first round of every run re-instantiate each TensorFlow function it calls here (the
+  in-process aggregation, the evaluation): ~0.3 s a run.
   """
   key = (keras_model_fn, seed)
   if key not in _INITIAL_MODELS:
@@ -115,19 +118,19 @@ def initial_model(keras_model_fn: Callable[[], tf.keras.Model],
       _INITIAL_MODELS.clear()
     set_random_seed(seed)
     keras_model = keras_model_fn()
-    weights = tff.learning.models.ModelWeights(
-        trainable=[_read_only(v.numpy()) for v in keras_model.trainable_variables],
-        non_trainable=[_read_only(v.numpy())
-                       for v in keras_model.non_trainable_variables])
+    weights = ([_read_only(v.numpy()) for v in keras_model.trainable_variables],
+               [_read_only(v.numpy()) for v in keras_model.non_trainable_variables])
     eager = context.context()
     _INITIAL_MODELS[key] = (weights, random.getstate(), np.random.get_state(),
                             eager._seed, eager._rng.getstate())  # pylint: disable=protected-access
-  weights, python_state, numpy_state, tf_seed, tf_state = _INITIAL_MODELS[key]
+  (trainable, non_trainable), python_state, numpy_state, tf_seed, tf_state = (
+      _INITIAL_MODELS[key])
   random.setstate(python_state)
   np.random.set_state(numpy_state)
   seed_unseeded_operations(tf_seed)
   context.context()._rng.setstate(tf_state)  # pylint: disable=protected-access
-  return weights
+  return tff.learning.models.ModelWeights(trainable=list(trainable),
+                                          non_trainable=list(non_trainable))
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -246,9 +249,12 @@ class Simulation:
         frozenset() if attack == attacks.NO_ATTACK else
         attacks.select_corrupted_clients(task.client_weights, rho, seed))
     self._client_work = client_work or client_work_lib.fedavg_client_work(task)
-    # Built eagerly: a Keras model built in a graph switches Keras' model classes to
-    # their graph-mode bases, and every model built before then refuses to be called
-    # (the personalized client works keep one across rounds).
+    # Built eagerly: building a Keras model switches Keras' model classes (their
+    # `__bases__`, for every model) to the current mode's, and one built in a graph
+    # leaves them in graph mode, where the eager models built before refuse to be
+    # called (the personalized client works keep one across rounds). So the last
+    # model built before a round must be an eager one; the initial model, drawn once
+    # per process, no longer is.
     weights_type = tff.learning.models.weights_type_from_model(task.model_fn())
     self._round = rounds.Round(
         self._client_work, aggregator_factory,

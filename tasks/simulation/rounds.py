@@ -128,15 +128,17 @@ class RoundOutput:
     return model_weights(self.state)
 
 
-# The processes each factory created, by (value type, weighted, in process), while
-# the factory lives: a sweep passes the same factory to run after run
-# (`tasks.simulation.sweep`), and creating one traces its TFF computations and
-# digests them for the in-process path (0.3–0.8 s for GM or the γ-mean).
+# The processes each factory created, weakly keyed by the factory (while it lives),
+# then by (value type, weighted, in process): a sweep passes the same factory to run
+# after run (`tasks.simulation.sweep`), and creating one traces its TFF computations
+# and digests them for the in-process path (0.3–0.8 s for GM or the γ-mean).
 _CREATED: 'weakref.WeakKeyDictionary[Any, dict]' = weakref.WeakKeyDictionary()
 
 
 def _created(factory, value_type: tff.Type, weighted: bool, in_process: bool):
-  """`(factory.create(value_type[, float32]), the function computing its next)`."""
+  """`(factory.create(value_type[, float32]), the function computing its next)`,
+  shared by every `Round` of `factory`: like TFF's factories, ours are not changed
+  after they are built."""
   key = (value_type, weighted, in_process)
   try:
     created = _CREATED.setdefault(factory, {})

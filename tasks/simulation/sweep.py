@@ -30,6 +30,7 @@ logged and kept in the run's `FAILED` file, the table marks the cell "failed", a
 rerun retries it.
 """
 
+import collections
 import csv
 import dataclasses
 import hashlib
@@ -304,18 +305,28 @@ def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,
       f.write(str(e) + '\n')
 
 
-# The factories of a sweep's runs, by aggregator, the ρ it depends on and its
+# The factories of a sweep's recent runs, by aggregator, the ρ it depends on and its
 # arguments: one factory object per configuration, so that the simulation creates and
-# compiles its processes once for every run that shares it (`rounds.Round`).
-_FACTORIES: dict = {}
+# compiles its processes once for every run that shares it (`rounds.Round`). Bounded:
+# a grid's runs of one aggregator come together (`SweepSpec.runs`), and each factory
+# keeps its processes and traced functions alive.
+_FACTORIES: collections.OrderedDict = collections.OrderedDict()
+_MAX_FACTORIES = 16
 
 
 def _aggregator_factory(name: str, rho: float, args: Mapping[str, Any]):
-  assumed_fraction = rho if registry.takes_assumed_byzantine_fraction(name) else None
-  key = (name, assumed_fraction, json.dumps(args, sort_keys=True, default=repr))
-  if key not in _FACTORIES:
+  try:
+    key = (name, rho if registry.takes_assumed_byzantine_fraction(name) else None,
+           json.dumps(args, sort_keys=True))
+  except TypeError:  # Arguments JSON cannot spell exactly: built for this run only.
+    return registry.aggregator_from_name(name, assumed_byzantine_fraction=rho, **args)
+  if key in _FACTORIES:
+    _FACTORIES.move_to_end(key)
+  else:
     _FACTORIES[key] = registry.aggregator_from_name(
         name, assumed_byzantine_fraction=rho, **args)
+    if len(_FACTORIES) > _MAX_FACTORIES:
+      _FACTORIES.popitem(last=False)
   return _FACTORIES[key]
 
 

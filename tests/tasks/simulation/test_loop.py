@@ -89,11 +89,11 @@ class InitialModelTest(parameterized.TestCase):
     weights = loop.initial_model(self.task.keras_model_fn, seed)
     generators = (random.random(), np.random.rand(),
                   context.internal_operation_seed())
-    return [np.array(v) for v in weights.trainable], generators
+    return weights, generators
 
   @parameterized.parameters(0, 3)
   def test_a_drawn_model_is_a_fresh_draw_after_other_runs(self, seed):
-    expected = self._fresh_draw(seed)
+    expected, expected_generators = self._fresh_draw(seed)
     # What runs of other seeds leave behind: stateful random kernels part-way
     # through their streams (a fresh draw is needed after them), moved generators.
     self._draw(seed + 1)
@@ -101,18 +101,28 @@ class InitialModelTest(parameterized.TestCase):
     self.task.keras_model_fn()
     random.random()
     np.random.rand()
-    again = self._draw(seed)
-    for a, b in zip(again[0], expected[0], strict=True):
+    again, generators = self._draw(seed)
+    for a, b in zip(again.trainable + again.non_trainable,
+                    expected.trainable + expected.non_trainable, strict=True):
+      self.assertIs(a, b)  # Drawn once.
+    self.assertEqual(generators, expected_generators)
+    fresh, fresh_generators = self._fresh_draw(seed)
+    for a, b in zip(fresh.trainable + fresh.non_trainable,
+                    expected.trainable + expected.non_trainable, strict=True):
       np.testing.assert_array_equal(a, b)
-    self.assertEqual(again[1], expected[1])
+    self.assertEqual(fresh_generators, expected_generators)
 
   def test_seeds_give_different_models(self):
-    self.assertFalse(np.array_equal(self._fresh_draw(0)[0][0], self._draw(1)[0][0]))
+    self.assertFalse(np.array_equal(self._fresh_draw(0)[0].trainable[0],
+                                    self._draw(1)[0].trainable[0]))
 
-  def test_a_drawn_model_cannot_be_changed_in_place(self):
+  def test_a_drawn_model_cannot_be_changed_for_the_next_call(self):
     weights = loop.initial_model(self.task.keras_model_fn, 0)
+    first = weights.trainable[0]
     with self.assertRaises(ValueError):
-      weights.trainable[0] += 1
+      first += 1
+    weights.trainable[0] = np.zeros_like(first)
+    self.assertIs(loop.initial_model(self.task.keras_model_fn, 0).trainable[0], first)
 
 
 class FlattenMetricsTest(parameterized.TestCase):
@@ -231,6 +241,7 @@ class FederatedSimulationTest(parameterized.TestCase):
   def test_the_initial_model_is_seeded_without_deprecated_calls(self):
     # Keras' own seeding calls randrange with a float: an error on Python 3.12.
     sim = self._simulation()
+    loop._INITIAL_MODELS.clear()  # pylint: disable=protected-access
     with warnings.catch_warnings():
       warnings.simplefilter('error', DeprecationWarning)
       state = sim.initial_state()

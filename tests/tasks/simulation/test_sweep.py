@@ -107,7 +107,6 @@ def _blow_up_attacked_runs_at_round_1(run_round):
   return patched
 
 
-@pytest.mark.slow  # Trains end to end: a sweep of training runs.
 class FactoryPerConfigurationTest(parameterized.TestCase):
 
   @parameterized.parameters(('gm', {}, True), ('gm', {'num_communication_passes': 2}, True),
@@ -124,6 +123,7 @@ class FactoryPerConfigurationTest(parameterized.TestCase):
                      sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 2}))
 
 
+@pytest.mark.slow  # Trains end to end: a sweep of training runs.
 class DivergenceSweepTest(parameterized.TestCase):
 
   def test_a_diverged_run_is_entered_and_the_sweep_goes_on(self):
