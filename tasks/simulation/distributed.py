@@ -82,7 +82,7 @@ class MergeableFedAvgClientWork:
                context: Optional[distributed.DistributedContext] = None,
                client_data: Optional[worker_data.ClientDataDirectory] = None):
     weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
-    loop_implementation = tff.learning.LoopImplementation.DATASET_REDUCE
+    loop_implementation = client_work_lib.SIMULATION_LOOP
     optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
     # TFF's process, for its initial hyperparameters and types (never run).
     reference = tff.learning.templates.build_model_delta_client_work(

@@ -16,6 +16,7 @@ from tasks import registry
 from tasks.simulation import client_work
 from tasks.simulation import evaluation
 from tasks.simulation import loop
+from tests.helpers import compilation
 from tests.helpers import least_squares as ls
 
 
@@ -272,3 +273,46 @@ class BundledEndToEndTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == '__main__':
   tf.test.main()
+
+
+@pytest.mark.slow  # Trains each task's model (an LSTM among them, a ConvNet).
+class SimulationLoopTest(parameterized.TestCase):
+  """The simulation's FedAvg loop gives what TFF's default loop gives, to the bit."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.enterClassContext(compilation.deployed())
+
+  @parameterized.named_parameters(
+      ('emnist_linear', 'emnist', 'linear', None),
+      ('emnist_small_cnn', 'emnist', 'small_cnn', 3),
+      ('shakespeare_lstm', 'shakespeare', 'lstm', 3),
+      ('sent140_linear', 'sent140', 'linear', 3))
+  def test_updates_and_metrics_equal_tff_default_loop(self, task, model, num_clients):
+    # Shuffled, two epochs of several batches: the loops differ in how they iterate.
+    task = builders.build_task(
+        task, model, source='synthetic', num_clients=num_clients,
+        client_spec=builders.ClientSpec(2, 3, max_elements=12, shuffle_buffer_size=8))
+    default_loop = client_work.ProcessClientWork(
+        tff.learning.templates.build_model_delta_client_work(
+            task.model_fn, tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+            tff.learning.ClientWeighting.NUM_EXAMPLES))
+    self.assertNotEqual(client_work.SIMULATION_LOOP,
+                        tff.learning.LoopImplementation.DATASET_REDUCE)
+    ours = client_work.fedavg_client_work(task)
+    weights = loop.initial_model(task.keras_model_fn, 0)
+    client_ids = list(task.train_data.client_ids)[:3]
+    outputs = []
+    for work in (default_loop, ours):
+      loop.seed_unseeded_operations(7)  # The same shuffles.
+      outputs.append(work.train(default_loop.initial_state(), weights, client_ids,
+                                task.client_dataset, 0.1))
+    theirs, ours = outputs
+    for a, b in zip(tf.nest.flatten(theirs.updates), tf.nest.flatten(ours.updates),
+                    strict=True):
+      np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(theirs.weights, ours.weights)
+    self.assertEqual(theirs.metrics, ours.metrics)
+    self.assertGreater(np.abs(np.concatenate(
+        [np.ravel(u) for u in tf.nest.flatten(ours.updates)])).max(), 0)
