@@ -24,11 +24,12 @@ KILLED_FOR_MEMORY_HINT = ('a worker killed for memory (the kernel\'s OOM killer,
 
 
 @contextlib.contextmanager
-def fail_fast_worker():
-  """Runs the block's TFF computations on one local worker; yields its
-  `distributed.LocalWorkers` (`binary_pids`, `log_path(0)`)."""
+def fail_fast_worker(worker_flags=()):
+  """Runs the block's TFF computations on one local worker (its worker_binary started
+  with `worker_flags`); yields its `distributed.LocalWorkers` (`binary_pids`,
+  `log_path(0)`)."""
   with runtime.worker_binaries_stopped():
-    with distributed.LocalWorkers(1) as workers:
+    with distributed.LocalWorkers(1, worker_flags=worker_flags) as workers:
       # One worker's fail-fast channel (the one `DistributedContext` holds per
       # worker), in a plain synchronous context: the robust processes are not
       # mergeable, and one worker needs no merging.

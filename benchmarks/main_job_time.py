@@ -1,22 +1,28 @@
-r"""The main job's wall time at two revisions, side by side, and whether their tables
-agree to the printed digit.
+r"""An experiment binary's wall time at two revisions, side by side, and whether their
+results agree to the printed digit.
 
-Runs `python -m tasks.binaries.main_job` (its defaults, each into a fresh temporary
-directory) alternately from a checkout of another revision (`--baseline`, e.g. a
-`git worktree` of the commit to compare against, with its own `.venv` link) and from
-this one, `--repeats` times each (baseline first in odd pairs, this checkout first
-in even ones), so that load from anything else on the machine hits both alike. Prints
-each run's minutes, the ratio of the totals, and the tables of both (the page without
-its timing header) with whether they are identical.
+Runs `python -m tasks.binaries.<--job>` (each into a fresh temporary directory)
+alternately from a checkout of another revision (`--baseline`, e.g. a `git worktree`
+of the commit to compare against, with its own `.venv` link) and from this one,
+`--repeats` times each (baseline first in odd pairs, this checkout first in even
+ones), so that load from anything else on the machine hits both alike. Prints each
+run's minutes, the ratio of the totals, and the results of both with whether they are
+identical: the main job's table (its page without the timing header), or the
+leaderboard's ledger of runs (every column but the configuration's fingerprint, which
+hashes the code's configuration record, not the result).
 
   git worktree add --detach /tmp/main_job_base <commit>
   ln -s $PWD/.venv /tmp/main_job_base/.venv
   .venv/bin/python -m benchmarks.main_job_time --baseline=/tmp/main_job_base
+  .venv/bin/python -m benchmarks.main_job_time --baseline=/tmp/main_job_base \
+      --job=leaderboard -- --aggregators=gm,median --attacks=alie --rhos=0.1 --seeds=0
 
-Extra arguments after `--` go to both main jobs (e.g. `-- --aggregators=gm,mean` for
-a shorter comparison).
+Extra arguments after `--` go to both binaries (e.g. `-- --aggregators=gm,mean` for
+a shorter comparison). The leaderboard writes only into its temporary directory
+(`--results_dir= --readme=`): its ledger there starts empty, so every run is timed.
 """
 
+import csv
 import os
 import subprocess
 import sys
@@ -28,27 +34,41 @@ from absl import flags
 
 _BASELINE = flags.DEFINE_string('baseline', None, 'Checkout of the revision to compare '
                                 'against (its .venv/bin/python runs its main job).')
+_JOB = flags.DEFINE_enum('job', 'main_job', ['main_job', 'leaderboard'],
+                         'The binary of tasks.binaries to time.')
 _REPEATS = flags.DEFINE_integer('repeats', 1, 'Runs of each revision.', lower_bound=1)
 flags.mark_flag_as_required('baseline')
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_main_job(checkout: str, extra_args, scratch: str) -> tuple[float, str]:
-  """(seconds, the page without its timing header) of one main job in `checkout`."""
+def run_job(checkout: str, extra_args, scratch: str) -> tuple[float, str]:
+  """(seconds, its results as text) of one run of --job in `checkout`."""
   output_dir = tempfile.mkdtemp(dir=scratch)
   log_path = os.path.join(output_dir, 'log.txt')
+  own_args = ['--results_dir=', '--readme='] if _JOB.value == 'leaderboard' else []
   start = time.perf_counter()
   # Output into a file: TFF's worker_binary keeps the pipes it inherits open.
   with open(log_path, 'w') as log:
     subprocess.run(
         [os.path.join(checkout, '.venv', 'bin', 'python'), '-m',
-         'tasks.binaries.main_job', f'--output_dir={output_dir}', '--progress=false',
-         *extra_args], cwd=checkout, stdout=log, stderr=subprocess.STDOUT, check=True)
+         f'tasks.binaries.{_JOB.value}', f'--output_dir={output_dir}', '--progress=false',
+         *own_args, *extra_args], cwd=checkout, stdout=log, stderr=subprocess.STDOUT,
+        check=True)
   seconds = time.perf_counter() - start
+  if _JOB.value == 'leaderboard':
+    return seconds, _ledger_without_fingerprints(os.path.join(output_dir, 'ledger.csv'))
   with open(os.path.join(output_dir, 'main_job.md')) as f:
     page = f.read()
   return seconds, page.split('-->', 1)[1].strip()
+
+
+def _ledger_without_fingerprints(path: str) -> str:
+  with open(path, newline='') as f:
+    reader = csv.DictReader(f)
+    columns = [name for name in reader.fieldnames if name != 'fingerprint']
+    rows = sorted(','.join(row[name] for name in columns) for row in reader)
+  return '\n'.join([','.join(columns), *rows])
 
 
 def main(argv):
@@ -60,7 +80,7 @@ def main(argv):
     for repeat in range(_REPEATS.value):
       order = ['baseline', 'this'] if repeat % 2 == 0 else ['this', 'baseline']
       for name in order:
-        elapsed, pages[name] = run_main_job(checkouts[name], extra_args, scratch)
+        elapsed, pages[name] = run_job(checkouts[name], extra_args, scratch)
         seconds[name].append(elapsed)
         print(f'{name:8s} run {repeat + 1}: {elapsed / 60:.2f} min', flush=True)
   total = {name: sum(times) for name, times in seconds.items()}
@@ -68,7 +88,7 @@ def main(argv):
         f'({total["this"] / 60:.2f} min vs {total["baseline"] / 60:.2f} min over '
         f'{_REPEATS.value} run(s) each)')
   same = pages['baseline'] == pages['this']
-  print(f'Tables identical: {same}\n')
+  print(f'Results identical: {same}\n')
   print(pages['this'] if same else
         f'baseline:\n{pages["baseline"]}\n\nthis:\n{pages["this"]}')
   if not same:

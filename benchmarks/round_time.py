@@ -42,6 +42,11 @@ _EPOCHS = flags.DEFINE_integer(
     'client the paper\'s local work (~1,000 examples per round).')
 _MAX_ELEMENTS = flags.DEFINE_integer(
     'max_elements', None, 'Cap on examples per client per round.')
+_CONCURRENT_CLIENTS = flags.DEFINE_integer(
+    'concurrent_clients', 0, 'Clients of one computation the TFF worker runs at a time '
+    '(its --max_concurrent_computation_calls; 0: all of them, TFF\'s default). Each '
+    'running ConvNet client holds its own model, optimizer state and gradients.',
+    lower_bound=0)
 _AGGREGATORS = flags.DEFINE_list(
     'aggregators', ['rfa'], 'Processes timed against FedAvg: rfa, one_step_rfa, or '
     'any name known to tasks.registry.aggregator_from_name.')
@@ -68,7 +73,9 @@ def build_processes(task, names):
 
 def main(argv):
   del argv
-  with fail_fast.fail_fast_worker() as workers:
+  worker_flags = ([f'--max_concurrent_computation_calls={_CONCURRENT_CLIENTS.value}']
+                  if _CONCURRENT_CLIENTS.value else [])
+  with fail_fast.fail_fast_worker(worker_flags) as workers:
     print(f'TFF worker: pid {workers.binary_pids} (its log: {workers.log_path(0)})',
           flush=True)
     try:

@@ -33,6 +33,7 @@ rerun retries it.
 import collections
 import csv
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -315,18 +316,18 @@ _MAX_FACTORIES = 16
 
 
 def _aggregator_factory(name: str, rho: float, args: Mapping[str, Any]):
+  build = functools.partial(registry.aggregator_from_name, name,
+                            assumed_byzantine_fraction=rho, **args)
   try:
     key = (name, rho if registry.takes_assumed_byzantine_fraction(name) else None,
            json.dumps(args, sort_keys=True))
   except TypeError:  # Arguments JSON cannot spell exactly: built for this run only.
-    return registry.aggregator_from_name(name, assumed_byzantine_fraction=rho, **args)
-  if key in _FACTORIES:
-    _FACTORIES.move_to_end(key)
-  else:
-    _FACTORIES[key] = registry.aggregator_from_name(
-        name, assumed_byzantine_fraction=rho, **args)
-    if len(_FACTORIES) > _MAX_FACTORIES:
-      _FACTORIES.popitem(last=False)
+    return build()
+  if key not in _FACTORIES:
+    _FACTORIES[key] = build()
+  _FACTORIES.move_to_end(key)
+  if len(_FACTORIES) > _MAX_FACTORIES:
+    _FACTORIES.popitem(last=False)
   return _FACTORIES[key]
 
 

@@ -930,6 +930,26 @@ def distributed_execution(addresses, **kwargs):
     context.close()
 
 
+_SET_BY_LOCAL_WORKERS = ('port', 'listen_host', 'grpc_max_message_length_megabytes',
+                         *worker_launcher.TLS_FLAGS)
+
+
+def _checked_worker_flags(worker_flags: Sequence[str]) -> list[str]:
+  """`worker_flags` as a list, each `--name=value` of the worker_binary's own."""
+  if isinstance(worker_flags, str):
+    raise TypeError(f'worker_flags={worker_flags!r}: give a list of flags, e.g. '
+                    '[\'--max_concurrent_computation_calls=4\'].')
+  worker_flags = list(worker_flags)
+  for flag in worker_flags:
+    name = flag.lstrip('-').partition('=')[0]
+    if not flag.startswith('--') or '=' not in flag:
+      raise ValueError(f'worker_flags: {flag!r} is not of the form --name=value.')
+    if name in _SET_BY_LOCAL_WORKERS:
+      raise ValueError(f'worker_flags: --{name} is set by LocalWorkers itself '
+                       '(ports, host, message size and credentials are its arguments).')
+  return worker_flags
+
+
 class LocalWorkers:
   """Starts `num_workers` workers on this machine, reachable from this machine only; a
   context manager that always stops them (by pid) when the block ends.
@@ -952,6 +972,11 @@ class LocalWorkers:
   The kernel kills a launcher if the starting Python process dies, and its
   worker_binary with it (PR_SET_PDEATHSIG).
 
+  `worker_flags` go to every worker_binary, e.g.
+  `['--max_concurrent_computation_calls=4']`: the binary runs at most that many
+  clients of one `federated_map` at a time (by default all of them, each holding its
+  model, optimizer state and gradients: 50 ConvNet clients did not fit in 24 GB).
+
   Attributes:
     addresses: `host:port` of every worker.
     pids: the launchers' process ids (each holds its worker's port).
@@ -962,8 +987,9 @@ class LocalWorkers:
                ports: Optional[Sequence[int]] = None,
                max_message_megabytes: int = 10_000,
                log_dir: Optional[str] = None, startup_timeout: float = 60.0,
-               credentials=None):
+               credentials=None, worker_flags: Sequence[str] = ()):
     num_workers = arguments.check_positive_int('num_workers', num_workers)
+    self._worker_flags = _checked_worker_flags(worker_flags)
     if ports is not None and len(ports) != num_workers:
       raise ValueError(f'Give {num_workers} ports, got {list(ports)}.')
     if not worker_network.is_loopback(host):
@@ -1051,6 +1077,7 @@ class LocalWorkers:
                f'--grpc_max_message_length_megabytes={self._max_megabytes}']
     if self._credentials is not None:
       command += self._credentials.launcher_flags()
+    command += self._worker_flags
     with open(self._logs[index], 'ab') as log:
       self._processes[index] = worker_launcher.start_worker(
           command[0], command[1:], stdin=subprocess.DEVNULL, stdout=log,

@@ -122,6 +122,19 @@ class FactoryPerConfigurationTest(parameterized.TestCase):
     self.assertIsNot(sweep._aggregator_factory('gm', 0.1, {}),
                      sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 2}))
 
+  def test_the_least_recently_used_factory_is_dropped(self):
+    # pylint: disable=protected-access
+    oldest = sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 1})
+    newest = sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 2})
+    for passes in range(3, sweep._MAX_FACTORIES + 2):
+      sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': passes})
+      sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 2})  # Used.
+    self.assertLen(sweep._FACTORIES, sweep._MAX_FACTORIES)
+    self.assertIs(sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 2}),
+                  newest)
+    self.assertIsNot(
+        sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 1}), oldest)
+
 
 @pytest.mark.slow  # Trains end to end: a sweep of training runs.
 class DivergenceSweepTest(parameterized.TestCase):

@@ -215,6 +215,31 @@ def test_local_workers_remove_their_temporary_logs_when_the_block_ends():
   assert not os.path.exists(os.path.dirname(log))
 
 
+def test_local_workers_pass_worker_flags_to_the_binary():
+  flag = '--max_concurrent_computation_calls=2'
+  process = _filtered(wrappers.mean_factory)().create(
+      tff.TensorType(np.float32, [3]), tff.TensorType(np.float32))
+  values = [np.full(3, i, np.float32) for i in range(5)]
+  with distributed.LocalWorkers(1, worker_flags=[flag]) as local:
+    with open(f'/proc/{local.binary_pids[0]}/cmdline', 'rb') as f:
+      assert flag.encode() in f.read().split(b'\0')
+    with distributed.distributed_execution(local.addresses):
+      result = process.next(process.initialize(), values, [1.0] * 5).result
+  np.testing.assert_array_equal(result, np.full(3, 2.0, np.float32))
+
+
+@pytest.mark.parametrize('worker_flags, error, message', [
+    ('--max_concurrent_computation_calls=2', TypeError, 'a list of flags'),
+    (['max_concurrent_computation_calls=2'], ValueError, '--name=value'),
+    (['--max_concurrent_computation_calls'], ValueError, '--name=value'),
+    (['--port=8000'], ValueError, '--port is set by LocalWorkers'),
+    (['--tls_cert=a.pem'], ValueError, '--tls_cert is set by LocalWorkers'),
+    (['--grpc_max_message_length_megabytes=1'], ValueError, 'set by LocalWorkers')])
+def test_bad_worker_flags_are_refused(worker_flags, error, message):
+  with pytest.raises(error, match=message):
+    distributed.LocalWorkers(1, worker_flags=worker_flags)
+
+
 @pytest.mark.parametrize('addresses, message', [
     ('', 'at least one'), ('localhost', 'host:port'), ('a:1,a:1', 'repeat'),
     ('a:0', 'host:port'), ('a:port', 'host:port')])
