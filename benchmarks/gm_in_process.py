@@ -10,6 +10,10 @@ bandwidth, on one round of n clients × p float32 parameters, in one run.
 *   numpy: the same three smoothed Weiszfeld passes written plainly
     (`β_i = α_i / max(ν, ‖x_i − z‖)`, `z ← Σ β_i x_i / Σ β_i`), as a popular torch
     library writes them, on the `[n, p]` matrix;
+*   XLA: the same passes on the `[n, p]` tensor in one `tf.function(jit_compile=True)`,
+    the best this arithmetic gets when TensorFlow may fuse each pass's distances and
+    weighted sum into few kernels (its sums run in another order, so its result is not
+    the federated process's to the bit: the simulation cannot use it);
 *   one read: `np.add.reduce(matrix, axis=0)`, one pass reading the matrix: the
     memory bandwidth's bound per pass over the data. Three Weiszfeld passes need at
     least three reads (each pass's weights need the distances to the previous
@@ -26,6 +30,7 @@ import time
 
 from absl import flags
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks.binaries import exit_status
@@ -48,6 +53,19 @@ def numpy_weiszfeld(matrix: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     distances = np.linalg.norm(matrix - estimate, axis=1).astype(np.float64)
     beta = alpha / np.maximum(_NU, distances)
     estimate = ((beta / beta.sum()).astype(np.float32) @ matrix)
+  return estimate
+
+
+@tf.function(jit_compile=True)
+def xla_weiszfeld(matrix, alpha):
+  """The passes of `numpy_weiszfeld` as one XLA computation on the matrix."""
+  estimate = tf.zeros(matrix.shape[1], tf.float32)
+  for _ in range(_PASSES):
+    distances = tf.sqrt(tf.reduce_sum(tf.math.squared_difference(matrix, estimate),
+                                      axis=1))
+    beta = alpha / tf.maximum(tf.cast(distances, tf.float64), _NU)
+    estimate = tf.linalg.matvec(matrix, tf.cast(beta / tf.reduce_sum(beta), tf.float32),
+                                transpose_a=True)
   return estimate
 
 
@@ -75,16 +93,24 @@ def main(argv):
     finally:
       in_process.FUSE_AT_MOST_BYTES = fuse_at_most_bytes
 
-  timings = {'in process': [], 'client by client': [], 'numpy': [], 'one read': []}
+  matrix_tensor, alpha_tensor = tf.constant(matrix), tf.constant(alpha)
+
+  def run_xla():
+    return xla_weiszfeld(matrix_tensor, alpha_tensor).numpy()
+
+  timings = {'in process': [], 'client by client': [], 'numpy': [], 'XLA': [],
+             'one read': []}
   results = {}
   # Untimed: embeds the computation's TensorFlow graphs, then traces the call into
   # one function, as a run's third round does.
   for _ in range(in_process.FUSE_AFTER_CALLS + 1):
     run_in_process()
+  run_xla()  # Compiles it.
   for _ in range(_REPEATS.value):
     for name, call in (('in process', run_in_process),
                        ('client by client', run_client_by_client),
                        ('numpy', lambda: numpy_weiszfeld(matrix, alpha)),
+                       ('XLA', run_xla),
                        ('one read', lambda: np.add.reduce(matrix, axis=0))):
       start = time.perf_counter()
       results[name] = call()
@@ -102,15 +128,18 @@ def main(argv):
   for name, label in (('in process', f'in process ({traced})'),
                       ('client by client', 'in process, client by client'),
                       ('numpy', 'numpy Weiszfeld'),
+                      ('XLA', 'XLA-fused Weiszfeld on the matrix'),
                       ('one read', 'one read of the matrix')):
     print(f'  {label:<48} {median[name]:.3f} s')
   print(f'in process / numpy: {median["in process"] / median["numpy"]:.2f} (client by '
         f'client {median["client by client"] / median["numpy"]:.2f}); '
         f'in process / one read: {median["in process"] / median["one read"]:.1f} '
         f'(the bound for {_PASSES} passes is {_PASSES} reads: '
-        f'{median["in process"] / (_PASSES * median["one read"]):.1f}× it); '
+        f'{median["in process"] / (_PASSES * median["one read"]):.1f}× it; XLA '
+        f'{median["XLA"] / (_PASSES * median["one read"]):.1f}×); '
         f'largest relative difference to numpy\'s result {difference("in process"):.1e} '
-        f'(client by client {difference("client by client"):.1e})')
+        f'(client by client {difference("client by client"):.1e}, XLA '
+        f'{difference("XLA"):.1e})')
 
 
 if __name__ == '__main__':
