@@ -104,16 +104,6 @@ flags.register_multi_flags_validator(
     ['calls', 'one'], lambda values: values['calls'] > 0 or values['one'] is not None,
     message='--calls=0 times nothing, and the table divides by the mean\'s time: pass '
     '--calls=1 or more (0 is for --one, a peak without timing).')
-_KIB = 1024
-
-
-def peak_rss_bytes(pid) -> int:
-  """VmHWM (peak resident set size) of process `pid`."""
-  with open(f'/proc/{pid}/status') as f:
-    for line in f:
-      if line.startswith('VmHWM:'):
-        return int(line.split()[1]) * _KIB
-  raise RuntimeError(f'No VmHWM for process {pid}.')
 
 
 def client_computations(num_parameters):
@@ -211,8 +201,8 @@ def measure_one(name, num_clients, num_parameters, num_calls, path, *, worker_pi
   return dict(
       name=name, path=path, clients=num_clients, parameters=num_parameters,
       seconds=statistics.median(seconds) if seconds else None,
-      python_peak_bytes=peak_rss_bytes(os.getpid()),
-      worker_peak_bytes=sum(peak_rss_bytes(pid) for pid in workers),
+      python_peak_bytes=fail_fast.peak_rss_bytes(os.getpid()),
+      worker_peak_bytes=sum(fail_fast.peak_rss_bytes(pid) for pid in workers),
       worker_pids=workers)
 
 

@@ -23,6 +23,15 @@ KILLED_FOR_MEMORY_HINT = ('a worker killed for memory (the kernel\'s OOM killer,
                           '`dmesg`) writes nothing in its log')
 
 
+def peak_rss_bytes(pid) -> int:
+  """VmHWM (peak resident set size) of process `pid`."""
+  with open(f'/proc/{pid}/status') as f:
+    for line in f:
+      if line.startswith('VmHWM:'):
+        return int(line.split()[1]) * 1024  # kB: KiB.
+  raise RuntimeError(f'No VmHWM for process {pid}.')
+
+
 @contextlib.contextmanager
 def fail_fast_worker(worker_flags=()):
   """Runs the block's TFF computations on one local worker (its worker_binary started

@@ -20,8 +20,9 @@ bandwidth, on one round of n clients × p float32 parameters, in one run.
     estimate, then the weighted sum reads the matrix again unless fused: six reads as
     written).
 
-Calls are interleaved (in process, numpy, read; repeated) and the medians printed,
-with the ratios and the largest relative difference between the two medians.
+Calls are interleaved (in process traced, client by client, numpy, XLA, one read;
+repeated) and the medians printed, with the ratios and each result's largest
+difference to numpy's, relative to numpy's largest entry.
 
   .venv/bin/python -m benchmarks.gm_in_process --clients=50 --parameters=1000000
 """

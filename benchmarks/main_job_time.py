@@ -33,13 +33,18 @@ from absl import app
 from absl import flags
 
 _BASELINE = flags.DEFINE_string('baseline', None, 'Checkout of the revision to compare '
-                                'against (its .venv/bin/python runs its main job).')
+                                'against (its .venv/bin/python runs the job there).')
 _JOB = flags.DEFINE_enum('job', 'main_job', ['main_job', 'leaderboard'],
                          'The binary of tasks.binaries to time.')
 _REPEATS = flags.DEFINE_integer('repeats', 1, 'Runs of each revision.', lower_bound=1)
 flags.mark_flag_as_required('baseline')
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where the binaries write: set here, so that each run starts from nothing.
+_OWN_ARGS = ('output_dir', 'results_dir', 'readme', 'ledger', 'results_markdown',
+             'update_committed_results')
+# A sweep's marker of a run that could not finish (tasks.simulation.sweep.FAILED_MARKER).
+_FAILED_MARKER = 'FAILED'
 
 
 def run_job(checkout: str, extra_args, scratch: str) -> tuple[float, str]:
@@ -56,6 +61,9 @@ def run_job(checkout: str, extra_args, scratch: str) -> tuple[float, str]:
          *own_args, *extra_args], cwd=checkout, stdout=log, stderr=subprocess.STDOUT,
         check=True)
   seconds = time.perf_counter() - start
+  failed = [root for root, _, files in os.walk(output_dir) if _FAILED_MARKER in files]
+  if failed:
+    sys.exit(f'{checkout}: {len(failed)} run(s) failed (see {log_path}), e.g. {failed[0]}.')
   if _JOB.value == 'leaderboard':
     return seconds, _ledger_without_fingerprints(os.path.join(output_dir, 'ledger.csv'))
   with open(os.path.join(output_dir, 'main_job.md')) as f:
@@ -64,33 +72,42 @@ def run_job(checkout: str, extra_args, scratch: str) -> tuple[float, str]:
 
 
 def _ledger_without_fingerprints(path: str) -> str:
+  """The ledger's rows, sorted, without the configuration's fingerprint (it hashes the
+  code's configuration record, not the result)."""
   with open(path, newline='') as f:
     reader = csv.DictReader(f)
     columns = [name for name in reader.fieldnames if name != 'fingerprint']
     rows = sorted(','.join(row[name] for name in columns) for row in reader)
+  if not rows:
+    sys.exit(f'{path}: no finished run to compare.')
   return '\n'.join([','.join(columns), *rows])
 
 
 def main(argv):
   extra_args = argv[1:]
+  overridden = [arg for arg in extra_args
+                if arg.lstrip('-').split('=')[0].removeprefix('no') in _OWN_ARGS]
+  if overridden:
+    raise app.UsageError(f'{" ".join(overridden)}: this benchmark sets where the jobs '
+                         'write (a fresh temporary directory each); leave it out.')
   checkouts = {'baseline': os.path.abspath(_BASELINE.value), 'this': _HERE}
   seconds = {name: [] for name in checkouts}
-  pages = {}
+  results = {}
   with tempfile.TemporaryDirectory() as scratch:
     for repeat in range(_REPEATS.value):
       order = ['baseline', 'this'] if repeat % 2 == 0 else ['this', 'baseline']
       for name in order:
-        elapsed, pages[name] = run_job(checkouts[name], extra_args, scratch)
+        elapsed, results[name] = run_job(checkouts[name], extra_args, scratch)
         seconds[name].append(elapsed)
         print(f'{name:8s} run {repeat + 1}: {elapsed / 60:.2f} min', flush=True)
   total = {name: sum(times) for name, times in seconds.items()}
   print(f'\nthis / baseline: {total["this"] / total["baseline"]:.3f} '
         f'({total["this"] / 60:.2f} min vs {total["baseline"] / 60:.2f} min over '
         f'{_REPEATS.value} run(s) each)')
-  same = pages['baseline'] == pages['this']
+  same = results['baseline'] == results['this']
   print(f'Results identical: {same}\n')
-  print(pages['this'] if same else
-        f'baseline:\n{pages["baseline"]}\n\nthis:\n{pages["this"]}')
+  print(results['this'] if same else
+        f'baseline:\n{results["baseline"]}\n\nthis:\n{results["this"]}')
   if not same:
     sys.exit(1)
 

@@ -6,7 +6,7 @@ every process in a round. Rounds of the processes are interleaved (A, B, A, B, .
 that load from anything else on the machine hits all of them alike; the first rounds
 (tracing, worker start) are discarded. Prints median seconds per round and the ratio to
 FedAvg (median of the per-round ratios: each ratio compares two processes on the same
-clients under the same load).
+clients under the same load), and the worker's peak resident memory.
 
   .venv/bin/python -m benchmarks.round_time --aggregators=rfa,gma,gamma_mean
 
@@ -44,9 +44,9 @@ _MAX_ELEMENTS = flags.DEFINE_integer(
     'max_elements', None, 'Cap on examples per client per round.')
 _CONCURRENT_CLIENTS = flags.DEFINE_integer(
     'concurrent_clients', 0, 'Clients of one computation the TFF worker runs at a time '
-    '(its --max_concurrent_computation_calls; 0: all of them, TFF\'s default). Each '
-    'running ConvNet client holds its own model, optimizer state and gradients.',
-    lower_bound=0)
+    '(its --max_concurrent_computation_calls; 0: all of them, TFF\'s default). Fewer '
+    'lower the worker\'s peak memory somewhat; the values the runtime keeps for a whole '
+    'call stay.', lower_bound=0)
 _AGGREGATORS = flags.DEFINE_list(
     'aggregators', ['rfa'], 'Processes timed against FedAvg: rfa, one_step_rfa, or '
     'any name known to tasks.registry.aggregator_from_name.')
@@ -80,6 +80,8 @@ def main(argv):
           flush=True)
     try:
       _timed_rounds()
+      print(f'TFF worker\'s peak resident memory (VmHWM): '
+            f'{fail_fast.peak_rss_bytes(workers.binary_pids[0]) / 2**30:.2f} GiB')
     except distributed.WorkerError as e:
       # Killed for memory, the worker leaves no line of its own: the kernel's
       # OOM killer does (`dmesg`), and the worker's peak is the table's limit here.

@@ -45,10 +45,12 @@ DEFAULT_PORT = 10000  # worker_binary's own default for --port.
 _PR_SET_PDEATHSIG = 1
 _TCP_LISTEN = '0A'
 # Flags that could set --port where this launcher does not see it.
-_INDIRECT_FLAGS = ('flagfile', 'fromenv', 'tryfromenv')
+INDIRECT_FLAGS = ('flagfile', 'fromenv', 'tryfromenv')
 # The launcher's own flags (not passed to the worker_binary).
 TLS_FLAGS = ('tls_cert', 'tls_key', 'tls_client_ca')
-_OWN_FLAGS = TLS_FLAGS + ('listen_host',)
+OWN_FLAGS = TLS_FLAGS + ('listen_host',)
+# Flags that make the launcher print the binary's help instead of starting a worker.
+HELP_FLAGS = ('help', 'helpfull', 'helpshort', 'version')
 _NO_CREDENTIALS = (
     'a worker reachable from the network must require credentials: give --tls_cert, '
     '--tls_key and --tls_client_ca (make a deployment\'s files with `python -m '
@@ -216,7 +218,7 @@ def parse_port(args: Sequence[str]) -> int:
     name, has_value, value = arg.lstrip('-').partition('=')
     if not arg.startswith('-'):
       continue
-    if name in _INDIRECT_FLAGS:
+    if name in INDIRECT_FLAGS:
       raise ValueError(f'{arg}: give --port (and the other flags) on the command line.')
     if name == 'port':
       if not has_value:
@@ -238,7 +240,7 @@ def split_flags(args: Sequence[str]) -> tuple[dict[str, str], list[str]]:
   while i < len(args):
     arg = args[i]
     name, has_value, value = arg.lstrip('-').partition('=')
-    if arg.startswith('-') and name in _OWN_FLAGS:
+    if arg.startswith('-') and name in OWN_FLAGS:
       if not has_value:
         if i + 1 >= len(args) or args[i + 1].startswith('-'):
           raise ValueError(f'{arg}: give a value (--{name}=...).')
@@ -318,8 +320,7 @@ def main(argv: Sequence[str]) -> int:
   except FileNotFoundError as e:
     _error(str(e))
     return 1
-  if any(a.lstrip('-').split('=')[0] in ('help', 'helpfull', 'helpshort', 'version')
-         for a in args if a.startswith('-')):
+  if any(a.lstrip('-').split('=')[0] in HELP_FLAGS for a in args if a.startswith('-')):
     os.execv(binary, [binary, *args])  # Its own help; nothing listens.
   try:
     own, args = split_flags(args)

@@ -124,16 +124,18 @@ class FactoryPerConfigurationTest(parameterized.TestCase):
 
   def test_the_least_recently_used_factory_is_dropped(self):
     # pylint: disable=protected-access
-    oldest = sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 1})
-    newest = sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 2})
+    self.enter_context(mock.patch.dict(sweep._FACTORIES, clear=True))
+
+    def factory(passes):
+      return sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': passes})
+
+    first, second = factory(1), factory(2)
     for passes in range(3, sweep._MAX_FACTORIES + 2):
-      sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': passes})
-      sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 2})  # Used.
+      factory(passes)
+      factory(1)  # In use: the first factory stays, the second is the oldest unused.
     self.assertLen(sweep._FACTORIES, sweep._MAX_FACTORIES)
-    self.assertIs(sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 2}),
-                  newest)
-    self.assertIsNot(
-        sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': 1}), oldest)
+    self.assertIs(factory(1), first)
+    self.assertIsNot(factory(2), second)
 
 
 @pytest.mark.slow  # Trains end to end: a sweep of training runs.

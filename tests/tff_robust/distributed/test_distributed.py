@@ -232,9 +232,11 @@ def test_local_workers_pass_worker_flags_to_the_binary():
     ('--max_concurrent_computation_calls=2', TypeError, 'a list of flags'),
     (['max_concurrent_computation_calls=2'], ValueError, '--name=value'),
     (['--max_concurrent_computation_calls'], ValueError, '--name=value'),
-    (['--port=8000'], ValueError, '--port is set by LocalWorkers'),
-    (['--tls_cert=a.pem'], ValueError, '--tls_cert is set by LocalWorkers'),
-    (['--grpc_max_message_length_megabytes=1'], ValueError, 'set by LocalWorkers')])
+    (['--port=8000'], ValueError, '--port is not for'),
+    (['--tls_cert=a.pem'], ValueError, '--tls_cert is not for'),
+    (['--grpc_max_message_length_megabytes=1'], ValueError, 'message size'),
+    (['--flagfile=worker.flags'], ValueError, '--flagfile is not for'),
+    (['--helpfull=true'], ValueError, '--helpfull is not for')])
 def test_bad_worker_flags_are_refused(worker_flags, error, message):
   with pytest.raises(error, match=message):
     distributed.LocalWorkers(1, worker_flags=worker_flags)
