@@ -37,7 +37,6 @@ _BASELINE = flags.DEFINE_string('baseline', None, 'Checkout of the revision to c
 _JOB = flags.DEFINE_enum('job', 'main_job', ['main_job', 'leaderboard'],
                          'The binary of tasks.binaries to time.')
 _REPEATS = flags.DEFINE_integer('repeats', 1, 'Runs of each revision.', lower_bound=1)
-flags.mark_flag_as_required('baseline')
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the binaries write: set here, so that each run starts from nothing.
@@ -113,4 +112,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  # Required here, not at import: the flag registry is global, and a test that
+  # imports this module would otherwise make every other binary's parse fail.
+  flags.mark_flag_as_required('baseline')
   app.run(main)

@@ -3,6 +3,7 @@
 import os
 import tempfile
 
+from absl import flags
 from absl.testing import absltest
 
 from benchmarks import main_job_time
@@ -36,6 +37,14 @@ class LedgerComparisonTest(absltest.TestCase):
   def test_an_empty_ledger_is_an_error_not_a_match(self):
     with self.assertRaisesRegex(SystemExit, 'no finished run'):
       self._compared('')
+
+
+class ImportTest(absltest.TestCase):
+
+  def test_importing_leaves_the_global_flags_valid(self):
+    # Tests import this module into processes that then parse other binaries'
+    # flags: a flag required at import would fail every one of those parses.
+    flags.FLAGS.validate_all_flags()
 
 
 if __name__ == '__main__':
