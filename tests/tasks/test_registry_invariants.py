@@ -3,14 +3,15 @@ the aggregate, not answers to a list of attacks.
 
 - Scale equivariance: multiplying every client's update by c multiplies the result by
   c. Rows with an absolute clipping radius τ hold it once τ is scaled by c as well.
-- Bounded influence: one client, however far, moves a robust row's result by at most a
-  few times the honest clients' spread. The mean and GMA are the exceptions, by design:
+- Bounded influence: one client, however far, moves a robust row's result by at most the
+  honest clients' root-mean-square spread. The mean and GMA are the exceptions, by design:
   the mean is unbounded, and GMA averages every coordinate whose signs agree, so one
   client's magnitude passes in those coordinates.
 """
 
 import functools
 
+from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
@@ -103,5 +104,4 @@ class BoundedInfluenceTest(cases.SecureSumContextMixin, parameterized.TestCase):
 
 
 if __name__ == '__main__':
-  from absl.testing import absltest
   absltest.main()
