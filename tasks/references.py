@@ -188,7 +188,8 @@ def exact_geometric_median(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
 # The γ-mean's defaults (`tff_robust.GammaMeanFactory`).
 SPREAD_GAMMA = 2.0
 PAPER_GAMMA = 0.5
-VARIANCE_FLOOR = 1e-12
+# float32's smallest normal number, as the factory's default for float32 values.
+VARIANCE_FLOOR = float(np.finfo(np.float32).tiny)
 
 
 def _log_domain_weights(weights, distances, gamma):

@@ -29,7 +29,7 @@ ABSOLUTE_RADIUS = {'norm_clipping': 'clip_norm', 'centered_clipping': 'clip_radi
 DEFAULT_RADIUS = 1.0
 UNBOUNDED = ('mean', 'gma')
 # Neither a power of two (exact in floating point) nor round.
-SCALES = (3.7e-5, 1.3e4)
+SCALES = (3.7e-9, 1.3e4)
 
 
 def _honest(seed=0):

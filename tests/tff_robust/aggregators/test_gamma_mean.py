@@ -95,6 +95,25 @@ class FarClientTest(parameterized.TestCase):
     self.assertEqual(output.measurements['num_underflow_passes'], 0)
 
 
+class TinySpreadTest(parameterized.TestCase):
+  """Updates late in training can spread by 1e-8 a coordinate: the weights must still
+  tell a client 10 spreads away from the others (an absolute σ² floor did not)."""
+
+  @parameterized.product(covariance=COVARIANCES, dimension=(10, 1000))
+  def test_one_client_ten_spreads_away_is_down_weighted(self, covariance, dimension):
+    rng = np.random.default_rng(3)
+    honest = (1e-8 * rng.normal(size=(NUM_HONEST, dimension))).astype(np.float32)
+    honest = honest.astype(np.float64)
+    m, s = honest_mean_and_spread(honest)
+    direction = rng.normal(size=dimension)
+    x = np.vstack([m + 10 * s * direction / np.linalg.norm(direction), honest])
+    x = x.astype(np.float32).astype(np.float64)
+    result, _ = run_vectors(vector_process(dimension, covariance=covariance), x)
+    self.assertLessEqual(np.linalg.norm(result - m), 0.1 * s)
+    expected = references.gamma_mean(x, np.ones(len(x)), covariance=covariance)
+    self.assertLessEqual(cases.relative_error(result, expected), TOLERANCE)
+
+
 class OrdinaryInputsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -166,11 +185,12 @@ class MatchesNumpyReferenceTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*[(cov, cov) for cov in COVARIANCES])
   def test_scale_equivariant(self, covariance):
-    # Down to the scale where σ² meets variance_floor (1e-12; the inliers' σ is 0.1).
+    # The inliers' σ is 0.1: at 1e-12 their σ² (1e-26) is far below any absolute
+    # floor of the kind the default once had (1e-12), above float32's smallest normal.
     x, w = cases.clustered_attack_inputs(), cases.random_weights()
     proc = gamma_process(covariance)
     base, _ = cases.run(proc, x, w)
-    for scale in (1e-4, 1e6, 1e20):
+    for scale in (1e-12, 1e-4, 1e6, 1e20):
       scaled, _ = cases.run(proc, scale * x, w)
       self.assertLessEqual(cases.relative_error(scaled, scale * base), TOLERANCE)
 
