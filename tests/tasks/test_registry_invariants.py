@@ -3,6 +3,9 @@ the aggregate, not answers to a list of attacks.
 
 - Scale equivariance: multiplying every client's update by c multiplies the result by
   c. Rows with an absolute clipping radius τ hold it once τ is scaled by c as well.
+- float64 in, float64 out: a float64 structure is aggregated in float64, so scaling it
+  moves the result by float64 rounding only (1e-12, where a float32 weight or norm
+  inside leaves ~1e-8).
 - Bounded influence: one client, however far, moves a robust row's result by at most the
   honest clients' root-mean-square spread. The mean and GMA are the exceptions, by design:
   the mean is unbounded, and GMA averages every coordinate whose signs agree, so one
@@ -14,6 +17,7 @@ import functools
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
+import tensorflow_federated as tff
 
 from tasks import registry
 from tasks.simulation import leaderboard
@@ -80,6 +84,27 @@ class ScaleEquivarianceTest(cases.SecureSumContextMixin, parameterized.TestCase)
     self.assertTrue(np.all(np.isfinite(scaled)), scaled)
     self.assertLessEqual(cases.relative_error(scaled / scale, unscaled), 1e-5,
                          f'{name}: {scaled / scale} vs {unscaled}')
+
+
+class Float64Test(cases.SecureSumContextMixin, parameterized.TestCase):
+
+  @parameterized.parameters(name for name in ROWS if name not in ABSOLUTE_RADIUS)
+  def test_float64_values_are_aggregated_in_float64(self, name):
+    process = registry.aggregator_from_name(
+        name, assumed_byzantine_fraction=0.1).create(
+            tff.TensorType(np.float64, [cases.DIMENSION]), cases.WEIGHT_TYPE)
+    x, weights = _honest()
+    # Detail below float32's resolution, which a float32 step would round away.
+    x = x + 1e-12 * np.random.default_rng(9).normal(size=x.shape)
+
+    def aggregate(matrix):
+      output = process.next(process.initialize(), list(matrix),
+                            [np.float32(w) for w in weights])
+      return np.asarray(output.result)
+
+    result, scaled = aggregate(x), aggregate(SCALES[1] * x)
+    self.assertEqual(result.dtype, np.float64)
+    self.assertLessEqual(cases.relative_error(scaled / SCALES[1], result), 1e-12, name)
 
 
 class BoundedInfluenceTest(cases.SecureSumContextMixin, parameterized.TestCase):
