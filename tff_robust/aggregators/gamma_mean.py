@@ -77,6 +77,13 @@ def _sum_over_structure(structure):
   return tf.add_n(terms) if terms else tf.constant(0.0, tf.float64)
 
 
+def _std_floor(dtype: tf.DType, floor: float) -> float:
+  """The least σ_j of a leaf of `dtype`: √floor, and at least the root of the dtype's
+  smallest normal number (a mixed structure's floor is float64's, whose root is 0 in a
+  float32 leaf, and (x − μ)/0 is NaN on a coordinate where every client agrees)."""
+  return max(math.sqrt(floor), math.sqrt(float(np.finfo(dtype.as_numpy_dtype).tiny)))
+
+
 def weight_dtype(value_type) -> tf.DType:
   """float64 γ-weights for a structure holding float64 tensors (so that float64 values
   are averaged to float64 accuracy), float32 otherwise."""
@@ -103,7 +110,8 @@ class GammaMeanFactory(iterative_steps.IterativeAggregationFactory):
       depend on D_i relative to the clients' spread: `covariance='identity'` takes
       Σ = σ²I with σ² = (1+γ') Σ w_i ‖x_i − μ_old‖² / p (w_i the normalised weights),
       `covariance='diagonal'` Σ = diag(σ_j²) with σ_j² = (1+γ') Σ w_i (x_ij − μ_old,j)².
-      The result is scale-equivariant (while σ² stays above `variance_floor`; a
+      The result is scale-equivariant (while σ² stays above the floor,
+      `variance_floor_for`; a
       common shift changes the first iteration's over-estimate of the spread, see
       below), and the weights never all underflow: since μ_new is the w-weighted
       mean, Σ w_i D_i(μ_new) ≤ p/(1+γ'), so the client nearest to the new estimate
@@ -117,7 +125,7 @@ class GammaMeanFactory(iterative_steps.IterativeAggregationFactory):
   them about μ_new: they differ by (1+γ')(μ_new − μ_old)², 0 at the fixed point, and
   the paper's difference Σ w (x − μ_old)² − (μ_new − μ_old)² cancels catastrophically
   when the estimate moves by far more than the inliers' spread (the first iteration
-  after a mean pulled by one client at 1e20). Every σ² is at least `variance_floor`.
+  after a mean pulled by one client at 1e20). Every σ² is at least the floor.
 
   Why a γ scaled by the spread (measured with numpy on 20 clients, 19 from N(μ, σ²I)
   with σ ∈ {1e-3, 1, 1e3}, p ∈ {10, 1000, 100000}, distances in units of the honest
@@ -223,7 +231,7 @@ class GammaMeanFactory(iterative_steps.IterativeAggregationFactory):
       variance_floor: lower bound (> 0) on every σ², so that coordinates on which all
         clients agree do not divide by zero. Default: the smallest normal number of
         the values' float type (1.2e-38 for float32), so that the result stays
-        scale-equivariant for every spread float32 can hold. The earlier absolute
+        scale-equivariant while σ² is a normal number. The earlier absolute
         floor 1e-12 capped the weights' contrast once the updates' per-coordinate
         spread σ fell below ~3e-7, a size late-training updates reach: at σ = 1e-8
         one client 10 RMS spreads s away moved the estimate by 0.50·s, as far as it
@@ -383,7 +391,8 @@ class GammaSteps(iterative_steps.IterativeSteps):
       if diagonal:
         std = tf.minimum(tf.sqrt(variance), _FLOAT32_MAX)
         scale = tf.nest.map_structure(
-            lambda spec: tf.fill(spec.shape, tf.cast(std, spec.dtype)), template)
+            lambda spec: tf.fill(spec.shape, tf.cast(
+                tf.maximum(std, _std_floor(spec.dtype, floor)), spec.dtype)), template)
       else:
         scale = variance
       return collections.OrderedDict(mean=mean, scale=scale,
@@ -477,7 +486,7 @@ class GammaSteps(iterative_steps.IterativeSteps):
         scale = tf.nest.map_structure(
             lambda s, m: tf.cast(tf.clip_by_value(
                 tf.cast(s, tf.float64) * tf.sqrt((1.0 + gamma) * tf.cast(m, tf.float64)),
-                math.sqrt(floor), _FLOAT32_MAX), s.dtype),
+                _std_floor(s.dtype, floor), _FLOAT32_MAX), s.dtype),
             estimate['scale'], inner_mean['square'])
         bound = tf.constant(estimated_bound, tf.float64)
       elif estimated:

@@ -141,6 +141,23 @@ class OrdinaryInputsTest(parameterized.TestCase):
     expected = references.gamma_mean(x, np.ones(len(x)), covariance=covariance)
     self.assertLessEqual(cases.relative_error(result, expected), FLOAT64_TOLERANCE)
 
+  def test_a_mixed_structure_with_an_agreed_coordinate_stays_finite(self):
+    # The floor of a structure holding float64 is float64's; its root is 0 in a
+    # float32 leaf, where a coordinate every client agrees on would give 0/0.
+    value_type = tff.types.to_type(collections.OrderedDict(
+        a=tff.TensorType(np.float32, [3]), b=tff.TensorType(np.float64, [2])))
+    proc = GammaMeanFactory(covariance='diagonal').create(
+        value_type, tff.TensorType(np.float32))
+    x = honest_clients(1.0, 5, seed=7)
+    x[:, 0] = 0.5  # Every client agrees on a[0].
+    values = [collections.OrderedDict(a=row[:3].astype(np.float32), b=row[3:])
+              for row in x]
+    result = proc.next(proc.initialize(), values, [np.float32(1)] * len(x)).result
+    result = np.concatenate([result['a'], result['b']]).astype(np.float64)
+    self.assertTrue(np.all(np.isfinite(result)), result)
+    expected = references.gamma_mean(x, np.ones(len(x)), covariance='diagonal')
+    self.assertLessEqual(cases.relative_error(result, expected), TOLERANCE)
+
 
 def _start_cases():
   return [dict(c, covariance=cov, start=start,
