@@ -111,9 +111,8 @@ class GammaMeanFactory(iterative_steps.IterativeAggregationFactory):
       Σ = σ²I with σ² = (1+γ') Σ w_i ‖x_i − μ_old‖² / p (w_i the normalised weights),
       `covariance='diagonal'` Σ = diag(σ_j²) with σ_j² = (1+γ') Σ w_i (x_ij − μ_old,j)².
       The result is scale-equivariant (while σ² stays above the floor,
-      `variance_floor_for`; a
-      common shift changes the first iteration's over-estimate of the spread, see
-      below), and the weights never all underflow: since μ_new is the w-weighted
+      `variance_floor_for`; a common shift changes the first iteration's
+      over-estimate of the spread, see below), and the weights never all underflow: since μ_new is the w-weighted
       mean, Σ w_i D_i(μ_new) ≤ p/(1+γ'), so the client nearest to the new estimate
       has d_i ≥ exp(−γ/2).
   *   `gamma_scale='absolute'`: γ' = `gamma` (or `gamma_per_dimension` / p), the
