@@ -84,15 +84,17 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
   """Geometric median of the gathered client updates by the smoothed Weiszfeld
   algorithm (RFA, Algorithm 2), computed at the server in float64.
 
-  With weights α_i and v⁽⁰⁾ the start, pass r computes β_i = α_i / max(ν, ‖v − x_i‖)
-  at the current estimate v and the proposal v⁺ = Σ β_i x_i / Σ β_i. Pass 1 starts
-  from the zero update (`initial_point='zero'`, default), is the weighted mean
-  (`'mean'`, the paper's start) or starts from the previous round's result (kept in
-  the state, `'previous'`). Passes 2..R freeze the estimate once the relative
-  gradient ‖v⁺ − v‖ · Σβ / Σα (the pass that reveals it is applied) is at most
-  `tolerance` (`tolerance=0`: every pass applied). These are exactly the semantics of
+  With weights α_i, pass r computes β_i = α_i / max(ν, ‖v − x_i‖) at the current
+  estimate v and the proposal v⁺ = Σ β_i x_i / Σ β_i. The starts are those of
+  `tff_robust.GeometricMedianFactory`: 'trimmed' (default: the weighted mean, then
+  the weighted mean of the clients nearest to it holding half of the weight, by the
+  same histogram), 'mean' (the paper's), 'zero' (a step from the zero update) or
+  'previous' (a step from the previous round's result, kept in the state). The
+  Weiszfeld passes freeze the estimate once the relative gradient
+  ‖v⁺ − v‖ · Σβ / Σα (the pass that reveals it is applied) is at most `tolerance`
+  (`tolerance=0`: every pass applied). These are exactly the semantics of
   `tff_robust.GeometricMedianFactory`, which computes the same passes through a
-  secure mean; see its docstring for why this stopping rule.
+  secure mean; see its docstring.
 
   NOT compatible with secure aggregation: every client's update reaches the server.
   Use it where the updates are gathered anyway: inside bucketing or nearest-neighbour
@@ -105,27 +107,20 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
   *   `num_clients`: clients used (weight > 0; wrap the factory in
       `tff_robust.NonfiniteFilteringFactory`, as `tasks.registry` does, to give a
       client with a NaN or an infinity weight 0);
-  *   `objective`: float64 vector of length R, g_ν(v) = Σ α_i ‖v − x_i‖_(ν) at the
-      estimate of passes 2..R and at the result;
-  *   `relative_gradient`: float64 vector of length R − 1, the stopping criterion at
-      the estimate of passes 2..R;
-  *   `num_passes_applied`, `frozen_at_pass` (0 if never frozen);
-  *   `nu`: float64 vector, the floor ν of every Weiszfeld pass (as the secure
-      factory's: R entries, R − 1 for the mean start);
-  *   `max_effective_weight`: max over passes and clients of β_i / Σβ.
+  *   `objective`, `relative_gradient`, `num_passes_applied`, `frozen_at_pass`
+      (0 if never frozen), `nu`, `trim_radius` ('trimmed' only) and
+      `max_effective_weight`: as the secure factory's.
   With no client of weight > 0 the result is zero.
   """
 
-  # 2: ν relative to the robust scale by default (was the absolute 1e-6); 3: the
-  # scale around the lower tercile (was the median). Runs in ledgers keyed by an
-  # older revision are retrained (`tasks.simulation.sweep`).
-  RESULTS_REVISION = 3
+  # As `tff_robust.GeometricMedianFactory.RESULTS_REVISION`.
+  RESULTS_REVISION = 4
 
   def __init__(self,
                num_communication_passes: int = 3,
                nu: Optional[float] = None,
                tolerance: Optional[float] = None,
-               initial_point: str = 'zero',
+               initial_point: str = geometric_median.DEFAULT_INITIAL_POINT,
                relative_nu: Optional[float] = None):
     """Initializes the factory.
 
@@ -136,23 +131,23 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
       tolerance: the freezing threshold on the relative gradient, in [0, 1); None
         means 1e-6. As in `tff_robust.GeometricMedianFactory`, a positive
         `tolerance` without a ν raises (the original TFF RFA's `tolerance` is ν).
-      initial_point: 'zero', 'mean' or 'previous'.
+      initial_point: 'trimmed' (default), 'zero', 'mean' or 'previous', as in
+        `tff_robust.GeometricMedianFactory`.
       relative_nu: ν relative to the clients' robust typical distance to each
         pass's estimate (`tff_robust.aggregators.robust_scale`); None and no `nu`: 0.2.
 
     Raises:
       TypeError: if R is not an integer, or ν or `tolerance` not a number.
       ValueError: if R < 1, ν is not a finite number > 0, `tolerance` is not in
-        [0, 1) or comes without `nu`, or `initial_point` is unknown.
+        [0, 1) or comes without `nu`, or `initial_point` is unknown (or 'trimmed'
+        with R < 2).
     """
     self._num_passes = arguments.check_positive_int(
         'num_communication_passes', num_communication_passes)
     self._nu, self._relative_nu, self._tolerance = geometric_median.check_smoothing(
         nu, relative_nu, tolerance)
-    if initial_point not in INITIAL_POINTS:
-      raise ValueError(
-          f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
-    self._initial_point = initial_point
+    self._initial_point = geometric_median.check_initial_point(initial_point,
+                                                               self._num_passes)
 
   def _initial_state(self, dtype, size):
     if self._initial_point == 'previous':
@@ -160,27 +155,49 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
     return ()
 
   def _start(self, values, state):
-    """v⁽⁰⁾ (float64), or None for the mean start (pass 1 with β = α)."""
+    """v⁽⁰⁾ (float64), or None for the mean and trimmed starts (pass 1 with β = α)."""
     if self._initial_point == 'previous':
       return tf.cast(state, tf.float64)
     if self._initial_point == 'zero':
       return tf.zeros(tf.shape(values)[1:], tf.float64)
     return None
 
-  def _floor(self, alphas, distances, float64: bool):
+  def _floor(self, alphas, distances, float64: bool, count_zero: bool = True):
     """ν for a pass with these distances: the absolute one, or the relative one
-    from the same histogram the secure factory sums over its clients."""
+    from the same histogram the secure factory sums over its clients (a distance 0
+    counted, except from the zero start)."""
     if self._relative_nu is None:
       return tf.constant(self._nu, tf.float64)
-    statistics = tf.reduce_sum(
-        robust_scale.client_statistics(distances, alphas, float64), axis=1)
+    statistics = tf.reduce_sum(robust_scale.client_statistics(
+        distances, alphas, float64, count_zero=count_zero), axis=1)
     return robust_scale.relative_floor(statistics, self._relative_nu)
 
-  def _pass(self, values, alphas, center):
-    """One Weiszfeld pass from `center`: (proposal, Σβ, g_ν(center), max β/Σβ, ν)."""
+  def _trimmed(self, values, alphas, mean):
+    """The trimmed start's pass 2: (the α-weighted mean of the clients whose d / D̄
+    to `mean` is in the bucket of the weighted median or below, the radius, their
+    weights), by the secure factory's histogram."""
+    distances = distances_to(values, mean)
+    unit = tf.math.divide_no_nan(tf.reduce_sum(alphas * distances), tf.reduce_sum(alphas))
+    bucket = robust_scale.half_weight_bucket(tf.reduce_sum(
+        robust_scale.client_radius_histogram(distances, unit, alphas), axis=0))
+    near = tf.where(robust_scale.radius_bucket(distances, unit) <= bucket, alphas,
+                    tf.zeros_like(alphas))
+    return (weighted_average(values, near), robust_scale.bucket_upper_edge(bucket, unit),
+            near)
+
+  def _pass(self, values, alphas, center, count_zero: bool = True, radius=None):
+    """One Weiszfeld pass from `center`: (proposal, Σβ, g_ν(center), max β/Σβ, ν);
+    with pass 2's `radius`, the trimmed start's restricted pass 3 (β only for the
+    clients within about twice the weighted median distance)."""
     distances = distances_to(values, center)
-    nu = self._floor(alphas, distances, values.dtype == tf.float64)
+    nu = self._floor(alphas, distances, values.dtype == tf.float64, count_zero)
     betas = weiszfeld_weights(alphas, distances, nu)
+    if radius is not None:
+      buckets = robust_scale.radius_bucket(distances, radius)
+      median = robust_scale.half_weight_bucket(tf.reduce_sum(
+          robust_scale.client_radius_histogram(distances, radius, alphas), axis=0))
+      betas = tf.where(buckets <= median + robust_scale.NEAR_BUCKETS, betas,
+                       tf.zeros_like(betas))
     beta_sum = tf.reduce_sum(betas)
     objective = tf.reduce_sum(alphas * geometric_median.smoothed_norm(distances, nu))
     return (weighted_average(values, betas), beta_sum, objective,
@@ -190,18 +207,26 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
     alphas = tf.cast(weights, tf.float64)
     alpha_sum = tf.reduce_sum(alphas)
     start = self._start(values, state)
-    floors = []
+    floors, extra = [], collections.OrderedDict()
     if start is None:
       center = weighted_average(values, alphas)
       max_shares = [_max_share(alphas, alpha_sum)]
     else:
-      center, _, _, max_share, nu = self._pass(values, alphas, start)
+      center, _, _, max_share, nu = self._pass(
+          values, alphas, start, count_zero=self._initial_point != 'zero')
       max_shares = [max_share]
       floors.append(nu)
     frozen, frozen_at, passes = tf.constant(False), tf.constant(0), tf.constant(1)
+    first_weiszfeld_pass = 2
+    if self._initial_point == 'trimmed':
+      center, extra['trim_radius'], near = self._trimmed(values, alphas, center)
+      max_shares.append(_max_share(near, tf.reduce_sum(near)))
+      passes, first_weiszfeld_pass = tf.constant(2), 3
     objectives, relative_gradients = [], []
-    for this_pass in range(2, self._num_passes + 1):
-      proposal, beta_sum, objective, max_share, nu = self._pass(values, alphas, center)
+    for this_pass in range(first_weiszfeld_pass, self._num_passes + 1):
+      restrict = 'trim_radius' in extra and this_pass == 3
+      proposal, beta_sum, objective, max_share, nu = self._pass(
+          values, alphas, center, radius=extra['trim_radius'] if restrict else None)
       floors.append(nu)
       relative_gradient = tf.math.divide_no_nan(
           tf.norm(proposal - center) * beta_sum, alpha_sum)
@@ -230,6 +255,7 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
         num_passes_applied=passes,
         frozen_at_pass=frozen_at,
         nu=_vector(floors),
+        **extra,
         max_effective_weight=tf.reduce_max(tf.stack(max_shares)))
 
 

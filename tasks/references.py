@@ -75,14 +75,17 @@ def _row_norms(rows: np.ndarray) -> np.ndarray:
 
 
 def robust_typical_distance(distances: np.ndarray, weights: np.ndarray,
-                            float64: bool = False) -> float:
+                            float64: bool = False, count_zero: bool = False) -> float:
   """The scale `tff_robust.aggregators.robust_scale` computes, written from its definition: the
   α-weighted geometric mean of the positive finite distances whose ⌊log2⌋ is within
   4 of the ⌊log2⌋ of the α-weighted lower tercile (the smallest distance with at
   least a third of the weight at or below it; buckets clamped to [−160, 159], or
-  [−1080, 1049] for float64 models)."""
-  counted = (distances > 0) & np.isfinite(distances)
+  [−1080, 1049] for float64 models). `count_zero`: a distance 0 counts as
+  2^(lowest bucket) (distances to an estimate), else it is left out."""
   low, high = (-1080, 1049) if float64 else (-160, 159)
+  if count_zero:
+    distances = np.where(distances == 0, 2.0**low, distances)
+  counted = (distances > 0) & np.isfinite(distances)
   exponents = np.clip(np.floor(np.log2(distances[counted])), low, high)
   kept_weights = weights[counted]
   order = np.argsort(exponents, kind='stable')
@@ -93,10 +96,52 @@ def robust_typical_distance(distances: np.ndarray, weights: np.ndarray,
                  / np.sum(kept_weights[near]))
 
 
+def _radius_buckets(distances: np.ndarray, unit: float) -> np.ndarray:
+  """⌊4·log2(d / unit)⌋ clamped to [−256, 255], d = 0 in the lowest."""
+  unit = unit if 0 < unit < np.inf else 1.0
+  with np.errstate(divide='ignore'):
+    exponents = np.where(distances > 0, np.log2(distances / unit), -64)
+  return np.clip(np.floor(4 * exponents), -256, 255)
+
+
+def _median_bucket(buckets: np.ndarray, weights: np.ndarray) -> float:
+  """The smallest bucket with at least half of the weight in it or below."""
+  order = np.argsort(buckets, kind='stable')
+  cumulative = np.cumsum(weights[order])
+  return buckets[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])]
+
+
+def trimmed_start(rows: np.ndarray, weights: np.ndarray
+                  ) -> tuple[np.ndarray, float, np.ndarray]:
+  """(the trimmed mean, its radius, the clients' weights in it) of
+  `tff_robust.GeometricMedianFactory`'s default start, from its definition:
+  m = the α-weighted mean, d_i = ‖x_i − m‖, D̄ = Σ α_i d_i / Σ α_i; the clients'
+  buckets ⌊4·log2(d_i / D̄)⌋ clamped to [−256, 255] (d_i = 0 in the lowest); k = the
+  smallest bucket with at least half of the weight in it or below; the α-weighted
+  mean of the clients in bucket k or below, and the radius D̄·2^((k + 1)/4)."""
+  mean = weights @ rows / weights.sum()
+  distances = _row_norms(rows - mean)
+  unit = weights @ distances / weights.sum()
+  buckets = _radius_buckets(distances, unit)
+  median_bucket = _median_bucket(buckets, weights)
+  near = weights * (buckets <= median_bucket)
+  unit = unit if 0 < unit < np.inf else 1.0
+  return near @ rows / near.sum(), unit * 2.0 ** ((median_bucket + 1) / 4), near
+
+
+def near_clients(rows: np.ndarray, weights: np.ndarray, center: np.ndarray,
+                 radius: float) -> np.ndarray:
+  """The trimmed start's restricted step (pass 3) keeps client i iff its bucket
+  ⌊4·log2(‖x_i − v‖ / radius)⌋ is at most 4 above the bucket of the α-weighted
+  median (about twice the median distance to v); `radius` is pass 2's."""
+  buckets = _radius_buckets(_row_norms(rows - center), radius)
+  return buckets <= _median_bucket(buckets, weights) + 4
+
+
 def geometric_median(rows: np.ndarray, weights: np.ndarray, passes: int = 3,
                      nu: Optional[float] = None, relative_nu: float = 0.2,
                      tolerance: float = 0.0,
-                     start: Union[str, np.ndarray] = 'zero', float64: bool = False,
+                     start: Union[str, np.ndarray] = 'trimmed', float64: bool = False,
                      trace: Optional[dict[str, Any]] = None) -> np.ndarray:
   """RFA's smoothed Weiszfeld (Pillutla et al., Algorithm 2; `passes=1` from zero is
   Algorithm 3, one-step RFA), as `tff_robust.GeometricMedianFactory` documents it.
@@ -104,9 +149,11 @@ def geometric_median(rows: np.ndarray, weights: np.ndarray, passes: int = 3,
   A Weiszfeld step from v is v⁺ = Σ β_i x_i / Σ β_i with β_i = α_i / max(ν, ‖v − x_i‖)
   (0 when every β_i is 0). ν is `nu` (absolute, the paper's 1e-6) if given, else
   `relative_nu` × `robust_typical_distance` of the distances ‖v − x_i‖ at every step
-  (the library's default; `float64` selects float64 models' buckets). Pass 1 is a
-  step from 0 (`start='zero'`), from the point `start` (an array: the warm start), or
-  the α-weighted mean (`'mean'`). Each pass r ≥ 2 computes the step v⁺ from v and the
+  (the library's default; `float64` selects float64 models' buckets; a client at
+  distance 0 counts, except in the step from 0). Pass 1 is a step from 0
+  (`start='zero'`), from the point `start` (an array: the warm start), or the
+  α-weighted mean (`'mean'`, and `'trimmed'`, whose pass 2 is `trimmed_start`'s
+  mean and whose Weiszfeld steps start at pass 3, that one over `near_clients`). Each pass r ≥ 2 computes the step v⁺ from v and the
   relative gradient ‖v⁺ − v‖·Σβ/Σα; v⁺ is applied unless the estimate is frozen, and
   it freezes after the first pass whose relative gradient is at most a positive
   `tolerance` (that pass is applied).
@@ -121,10 +168,11 @@ def geometric_median(rows: np.ndarray, weights: np.ndarray, passes: int = 3,
   weights = np.asarray(weights, np.float64)
   centers, max_weights = [], []
 
-  def smoothing(v, distances):
+  def smoothing(v, distances, count_zero=True):
     if nu is not None:
       return nu
-    return relative_nu * robust_typical_distance(distances, weights, float64)
+    return relative_nu * robust_typical_distance(distances, weights, float64,
+                                                 count_zero)
 
   def objective(v):
     """g_ν(v), with the ν of a step from v."""
@@ -133,11 +181,13 @@ def geometric_median(rows: np.ndarray, weights: np.ndarray, passes: int = 3,
     return np.sum(weights * np.where(
         distances > floor, distances, distances * distances / (2 * floor) + floor / 2))
 
-  def step(v):
-    """(v⁺, Σβ) of a Weiszfeld step from v."""
+  def step(v, count_zero=True, keep=None):
+    """(v⁺, Σβ) of a Weiszfeld step from v (over the clients `keep`, default all)."""
     centers.append(v)
     distances = _row_norms(rows - v)
-    beta = weights / np.maximum(distances, smoothing(v, distances))
+    beta = weights / np.maximum(distances, smoothing(v, distances, count_zero))
+    if keep is not None:
+      beta = np.where(keep, beta, 0.0)
     if beta.sum() == 0:
       return np.zeros(rows.shape[1]), 0.0
     max_weights.append(beta.max() / beta.sum())
@@ -149,16 +199,23 @@ def geometric_median(rows: np.ndarray, weights: np.ndarray, passes: int = 3,
   elif isinstance(start, np.ndarray):
     v = step(np.asarray(start, np.float64))[0]
   elif start == 'zero':
-    v = step(np.zeros(rows.shape[1]))[0]
-  elif start == 'mean':
+    v = step(np.zeros(rows.shape[1]), count_zero=False)[0]
+  elif start in ('mean', 'trimmed'):
     v = weights @ rows / weights.sum()
     max_weights.append(weights.max() / weights.sum())
   else:
     raise ValueError(f'Unknown start {start!r}.')
   applied, frozen_at, objectives, gradients = 1, 0, [], []
-  for r in range(2, passes + 1):
+  first_step = 2
+  radius = None
+  if isinstance(start, str) and start == 'trimmed' and passes >= 2:
+    v, radius, near = trimmed_start(rows, weights)
+    applied, first_step = 2, 3
+    max_weights.append(near.max() / near.sum())
+  for r in range(first_step, passes + 1):
     objectives.append(objective(v))
-    proposal, beta_sum = step(v)
+    keep = near_clients(rows, weights, v, radius) if radius and r == 3 else None
+    proposal, beta_sum = step(v, keep=keep)
     gradients.append(np.linalg.norm(proposal - v) * beta_sum / weights.sum())
     if not frozen_at:
       v, applied = proposal, applied + 1

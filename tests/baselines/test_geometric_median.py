@@ -167,7 +167,8 @@ class WrappedByNameTest(parameterized.TestCase):
     means = np.stack([w[i:i + 2] @ x[i:i + 2] / w[i:i + 2].sum()
                       for i in range(0, len(x), 2)])
     totals = np.array([w[i:i + 2].sum() for i in range(0, len(x), 2)])
-    np.testing.assert_allclose(actual, np_weiszfeld(means, totals)[0], rtol=1e-5,
+    np.testing.assert_allclose(actual, np_weiszfeld(means, totals, start='trimmed')[0],
+                               rtol=1e-5,
                                atol=1e-5)
     self.assertEqual(output.measurements['num_buckets'], 5)
 
@@ -183,7 +184,9 @@ class WrappedByNameTest(parameterized.TestCase):
     mixed = np.stack([
         x[np.argsort(((x - x[i]) ** 2).sum(axis=1), kind='stable')[:n - 2]].mean(axis=0)
         for i in range(n)])
-    np.testing.assert_allclose(actual, np_weiszfeld(mixed, w, passes=3)[0], rtol=1e-5,
+    np.testing.assert_allclose(actual,
+                               np_weiszfeld(mixed, w, passes=3, start='trimmed')[0],
+                               rtol=1e-5,
                                atol=1e-5)
 
   def test_gm_stays_secure_outside_gathering_wrappers(self):

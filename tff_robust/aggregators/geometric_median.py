@@ -7,6 +7,7 @@ absolute 1e-6 (see `GeometricMedianFactory`).
 """
 
 import collections
+import functools
 from typing import Optional
 
 import numpy as np
@@ -20,8 +21,8 @@ from tff_robust.common import numerics
 from tff_robust.aggregators import robust_scale
 from tff_robust.common import type_checks
 
-INITIAL_POINTS = ('mean', 'zero', 'previous')
-DEFAULT_INITIAL_POINT = 'zero'  # Chosen by `benchmarks/gm_start_study.py`.
+INITIAL_POINTS = ('trimmed', 'mean', 'zero', 'previous')
+DEFAULT_INITIAL_POINT = 'trimmed'
 # The state entry of `initial_point='previous'`: the last `next`'s result.
 PREVIOUS_AGGREGATE = 'previous_aggregate'
 # ν relative to the clients' robust typical distance (`tff_robust.aggregators.robust_scale`): the
@@ -78,6 +79,24 @@ def check_smoothing(nu, relative_nu, tolerance) -> tuple[Optional[float], float,
   return nu, relative_nu, DEFAULT_TOLERANCE if tolerance is None else tolerance
 
 
+def check_initial_point(initial_point, num_passes: int) -> str:
+  """`initial_point` if it is one of `INITIAL_POINTS` that R = `num_passes` allows.
+
+  Raises:
+    ValueError: for an unknown start, or 'trimmed' with fewer than 2 passes (it is
+      the mean, then the trimmed mean).
+  """
+  if initial_point not in INITIAL_POINTS:
+    raise ValueError(
+        f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
+  if initial_point == 'trimmed' and num_passes < 2:
+    raise ValueError(
+        f"initial_point='trimmed' takes 2 passes (the mean, then the mean of the "
+        f'clients nearest to it) but num_communication_passes={num_passes}: give '
+        "num_communication_passes >= 2, or initial_point='zero' for one-step RFA.")
+  return initial_point
+
+
 def smoothed_norm(distance, nu):
   """‖z‖_(ν) of the paper's eq. (12), given ‖z‖: quadratic below ν, the norm above."""
   return tf.where(distance > nu, distance, distance * distance / (2.0 * nu) + nu / 2.0)
@@ -98,89 +117,63 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
   The created `tff.templates.AggregationProcess` takes a value at CLIENTS (a model
   update, any structure of float tensors, treated as one vector) and a weight α_i
   (e.g. the number of examples), and returns at SERVER an approximate minimizer of
-  g(v) = Σ_i α_i ‖v − w_i‖. It is an *iterative secure aggregate*: the server learns
-  nothing but the outputs of `num_communication_passes` calls of `inner_mean_factory`
-  and sums of per-client scalars and small histograms.
+  g(v) = Σ_i α_i ‖v − w_i‖ (Pillutla et al., "Robust Aggregation for Federated
+  Learning", https://arxiv.org/abs/1912.13445). It is an *iterative secure
+  aggregate*: the server learns nothing but the outputs of `num_communication_passes`
+  (R) calls of `inner_mean_factory` and sums of per-client scalars and histograms.
 
-  Pass 1 is the weighted mean with weights α_i (`initial_point='mean'`), or, for
-  one-step RFA (Algorithm 3, `initial_point='zero'`), already a Weiszfeld step from
-  v = 0. Every later pass broadcasts the current v; each client computes its own weight
+  Start (`initial_point`):
+
+  *   'trimmed' (default; R ≥ 2): pass 1 is the α-weighted mean m; pass 2 the
+      α-weighted mean of the clients nearest to m that hold half of the weight (their
+      distances to m summed into a histogram of quarter-octave buckets of d / D̄, D̄
+      the α-weighted mean distance, so that the buckets move and scale with the
+      clients). Both are translation-, rotation- and scale-equivariant, so the whole
+      estimate is; the trimmed mean lies with the larger group of clients (breakdown
+      point 1/2, to within the bucket width: a group 2^(1/4) times farther from m
+      than the weighted median distance is left out) from which Weiszfeld's linear
+      rate converges in few passes.
+  *   'mean': the paper's Algorithm 2 start, the weighted mean (with `nu=PAPER_NU`
+      this is Algorithm 2 exactly). Far from the median when a corrupted group is
+      far away: Weiszfeld then needs many passes.
+  *   'zero': pass 1 a Weiszfeld step from v = 0, the current model (Algorithm 3,
+      one-step RFA, for R = 1). Not translation-equivariant: far from the median
+      when the honest clients agree on an update far from zero.
+  *   'previous': pass 1 a Weiszfeld step from the previous `next`'s result, which
+      the state carries at SERVER (zero before the first call).
+
+  Every later pass broadcasts the current v; each client computes its own weight
   β_i = α_i / max(ν, ‖v − w_i‖) over the whole model structure and the inner factory
   returns Σ β_i w_i / Σ β_i (β in float64, so a float64 model is aggregated in
   float64 and a client at 3e38 keeps its tiny weight).
 
-  Smoothing ν, relative by default: before each Weiszfeld step the clients add their
-  distance to the broadcast v into a secure-summed histogram of log-distances, and
-  ν = `relative_nu` (0.2) × the robust typical distance it gives
-  (`tff_robust.aggregators.robust_scale`: the α-weighted geometric mean of the distances within
-  a factor of about 16 of their α-weighted lower tercile). This is one more aggregation per
-  pass, of 2 × 320 float64 numbers per client, before the model-sized one. Why: with
-  the paper's absolute ν = 1e-6 a client closer to v than ν (a free rider's zero
-  update at the zero start, a client sending exactly an iterate) gets weight α/ν, a
-  million times the others', and pins the estimate (19 agreeing clients and one zero
-  update in d = 100: the default ended at 5e-4 of the median's norm, one-step RFA at
-  2e-5); and the result depends on the units of the updates. With the relative ν no
-  client weighs more than α/(0.2·typical distance), the result is scale-equivariant
-  (exactly, unless a client crosses the histogram window's edge), and clients far
-  away still count by α/distance. 0.2 was chosen by the worst case over clients at
-  0, at 1e-3 and 3e-2 of the honest scale, at 1e30 and 3e38, coinciding with
-  iterate 1 or 2, and two zero updates, for 10–50 clients and d = 10–1000 (numpy
-  study, 3 passes from zero against the exact median): 0.1 let one-step RFA fall to
-  0.50 of the median's norm with 10 clients and one zero update, 0.2 keeps it at 0.68
-  and the 3-pass result within 1% of the median for d ≥ 100; 0.5 biases the
-  3-pass result by up to 17% on N(0, 1) clients (more clients inside ν). The paper's
-  absolute ν is `nu=PAPER_NU`.
+  Smoothing ν: relative by default, `relative_nu` (0.2) × the clients' robust
+  typical distance to the broadcast v (`tff_robust.aggregators.robust_scale`, one
+  secure sum of a small histogram before each Weiszfeld step), so that no client
+  closer to v than the others weighs more than α/(0.2·typical distance) and the
+  result does not depend on the units of the updates. `nu` is an absolute floor
+  instead (the paper's 1e-6: `nu=PAPER_NU`).
 
   Stopping: TFF computations have no data-dependent loop, so all passes always run;
-  once the estimate has converged, the results of the remaining passes are discarded.
-  Convergence is judged by the relative gradient
-  ‖∇g_ν(v⁽ʳ⁻¹⁾)‖ / Σ_i α_i = ‖v⁽ʳ⁾ − v⁽ʳ⁻¹⁾‖ · Σ_i β_i / Σ_i α_i,
-  the norm of the α-average of the unit vectors from v⁽ʳ⁻¹⁾ to the clients (a Weiszfeld
-  step is the gradient divided by Σβ). It lies in [0, 1], is 0 exactly at the median,
-  and does not change when every update is scaled or shifted; far-away clients count
-  by their weight only, not by their distance. Once it is at most `tolerance`, v⁽ʳ⁾ is
-  kept and later passes are discarded. `tolerance=0` never freezes: every pass is
-  applied. (The paper's D.2.3 rule, relative improvement of g_ν at most 1e-6, is not
-  used: g_ν is dominated by the distances of far-away clients, so with one client at
-  1e30 the honest clients' improvements vanish below float64 rounding of g_ν and the
-  rule froze the estimate after 1 or 2 passes, even at tolerance 0.)
-
-  Start: `initial_point='zero'` (default) makes pass 1 a Weiszfeld step from v = 0,
-  the zero update, i.e. the current model (one-step RFA, Algorithm 3).
-  `initial_point='mean'` is the paper's Algorithm 2 start, the weighted mean. On real
-  EMNIST-linear updates with 25% corrupted clients (`benchmarks/gm_start_point.py`,
-  seeds 0–2), 3 passes from zero end within 1.3% of the update scale of the median for
-  omniscient, ×100 and ×1000 corruptions; from the mean they end 0.19–0.25, 0.55–1.09
-  and 7.2–13.2 update scales away, since the mean starts next to the corrupted updates
-  and Weiszfeld's linear rate needs many passes to come back (README, "Why the default
-  start is zero").
-  `initial_point='previous'` (warm start) makes pass 1 a Weiszfeld step from the
-  previous `next`'s result, which the state carries at SERVER (the zero update before
-  the first `next`, so the first call equals the 'zero' start). In FedAvg the aggregate
-  is the model delta, so this starts from the previous round's robust delta, like
-  server momentum: a good guess while consecutive deltas are alike (smooth training, a
-  slowly decaying learning rate), and corrupted clients move it only as much as they
-  moved the previous median. It is a guess, not a bound: after a sharp change (a
-  learning-rate drop, a new task) the first passes start from a stale point.
-  Training on the main job's task (`benchmarks/gm_start_study.py`, 3 seeds, ρ = 0.25)
-  picked the default by the worst case over omniscient, ALIE and IPM: zero 69.0%,
-  previous 68.6%, mean 63.0% (omniscient in each case; clean 85.3% for all); the
-  warm start is better under IPM (80.5% vs 76.9% from zero), whose near-zero updates
-  a step from zero weighs most.
+  once the relative gradient ‖∇g_ν(v⁽ʳ⁻¹⁾)‖ / Σα = ‖v⁽ʳ⁾ − v⁽ʳ⁻¹⁾‖·Σβ/Σα (in [0, 1],
+  0 at the median, invariant to shifts and scalings) is at most `tolerance`, v⁽ʳ⁾ is
+  kept and the later passes' results are discarded; `tolerance=0` applies every pass.
 
   Inputs must be finite: wrap the factory in `tff_robust.NonfiniteFilteringFactory`
   (`build_robust_federated_aggregation_process` and `tasks.registry` do) to give a NaN
   or infinite client weight 0. If every weight is zero the result is zero (with the
-  default inner factory).
+  default inner factory). docs/decisions.md has the measurements behind the defaults.
 
   The process's `next` has type signature
   `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, value@SERVER, measurements>)`
   (state: the inner factory's state; with `initial_point='previous'`,
-  `<inner=..., previous_aggregate=value>`) and reports at SERVER:
+  `<inner=..., previous_aggregate=value>`) and reports at SERVER (the Weiszfeld
+  steps from a broadcast estimate are passes 2..R, or 3..R for 'trimmed'):
 
-  *   `objective`: float64 vector of length `num_communication_passes`, the smoothed
-      objective g_ν(v) = Σ α_i ‖v − w_i‖_(ν) (paper eq. 12) after every pass
-      (absent if `report_objective=False`).
+  *   `objective`: float64 vector, the smoothed objective
+      g_ν(v) = Σ α_i ‖v − w_i‖_(ν) (paper eq. 12) at the estimate each of those
+      steps starts from and at the result (R entries, R − 1 for 'trimmed'; absent
+      if `report_objective=False`).
   *   `num_secure_average_calls`: calls of the inner mean factory (its `next`), the
       model-sized aggregations; the relative ν's histogram sums (one before each
       Weiszfeld step) are not counted in it.
@@ -189,11 +182,13 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
   *   `frozen_at_pass`: the pass r whose relative gradient fell to `tolerance`, i.e.
       after which the estimate was frozen (it equals `num_passes_applied`); 0 if the
       estimate never froze.
-  *   `relative_gradient`: float64 vector of length `num_communication_passes` − 1,
-      the stopping criterion ‖∇g_ν(v)‖ / Σα at the estimate broadcast in passes
-      2, ..., R (why and when it froze).
-  *   `nu`: float64 vector, the floor ν of every Weiszfeld step (R entries; R − 1
-      for the mean start, whose pass 1 has no ν); constant for an absolute `nu`.
+  *   `relative_gradient`: float64 vector, the stopping criterion ‖∇g_ν(v)‖ / Σα at
+      the estimate each of those steps starts from (why and when it froze).
+  *   `nu`: float64 vector, the floor ν of every Weiszfeld step (R entries for
+      'zero' and 'previous', R − 1 for 'mean', R − 2 for 'trimmed'); constant for
+      an absolute `nu`.
+  *   `trim_radius` ('trimmed' only): the distance to the mean within which the
+      clients of pass 2 lie (float64).
   *   `max_effective_weight`: max over passes and clients of β_i / Σ_j β_j, the
       quantity Proposition 3 bounds away from 1 (absent if
       `report_max_effective_weight=False`).
@@ -205,14 +200,14 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
   `tff_robust.DifferentiallyPrivateWeightedMeanFactory(...)` for differential
   privacy. The objective and counts are plain federated sums of per-client scalars;
   `max_effective_weight` uses `tff.federated_max` of the clients' scalar weights; the
-  relative ν a `tff.federated_sum` of the clients' one-hot log-distance histograms
-  (which reveals the distribution of the distances, not whose they are).
+  relative ν and the trimmed start's radius `tff.federated_sum`s of the clients'
+  one-hot log-distance histograms, and its unit D̄ a sum of client scalars (they
+  reveal the distribution of the distances, not whose they are).
   """
 
-  # 2: ν relative to the robust scale by default (was the absolute 1e-6); 3: the
-  # scale around the lower tercile (was the median). Runs in ledgers keyed by an
-  # older revision are retrained (`tasks.simulation.sweep`).
-  RESULTS_REVISION = 3
+  # Bumped when a default changes the results: runs in ledgers keyed by an older
+  # revision are retrained (`tasks.simulation.sweep`). 4: the trimmed start.
+  RESULTS_REVISION = 4
 
   # Client values reach the server only through sums (see the privacy tests).
   secure_compatible = True
@@ -245,9 +240,11 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
       inner_mean_factory: the weighted mean each pass goes through (its weights are
         float64). Defaults to `tff_robust.iterative.iterative_mean.Float32MeanFactory()`
         (TFF's `MeanFactory`, safe for the tiny weights of far-away clients).
-      initial_point: 'zero' (default: Algorithms 2 and 3 from v = 0), 'mean'
-        (the paper's Algorithm 2 from the weighted mean) or 'previous' (a Weiszfeld
-        step from the previous `next`'s result, kept in the state; zero at first).
+      initial_point: 'trimmed' (default: the mean, then the mean of the clients
+        nearest to it holding half of the weight; R >= 2), 'mean' (the paper's
+        Algorithm 2), 'zero' (Algorithms 2 and 3 from v = 0) or 'previous' (a
+        Weiszfeld step from the previous `next`'s result, kept in the state; zero
+        at first). See the class docstring.
       report_max_effective_weight: whether to report `max_effective_weight`.
       report_objective: whether to report `objective` (its last entry is one more
         sum that depends on the last pass's result).
@@ -258,7 +255,8 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
     Raises:
       ValueError: if `num_communication_passes` < 1, `nu` or `relative_nu` is not a
         finite number > 0 or both are given, `tolerance` not in [0, 1), a positive
-        `tolerance` comes without a ν, or `initial_point` is unknown.
+        `tolerance` comes without a ν, or `initial_point` is unknown (or
+        'trimmed' with R < 2).
       TypeError: for arguments of the wrong type (e.g. a float
         `num_communication_passes`), including an `inner_mean_factory` that is not
         a weighted aggregation factory.
@@ -269,10 +267,7 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
         nu, relative_nu, tolerance)
     self._inner = (iterative_mean.Float32MeanFactory() if inner_mean_factory is None
                    else iterative_mean.check_inner_mean_factory(inner_mean_factory))
-    if initial_point not in INITIAL_POINTS:
-      raise ValueError(
-          f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
-    self._initial_point = initial_point
+    self._initial_point = check_initial_point(initial_point, self._num_passes)
     self._report_max_weight = bool(report_max_effective_weight)
     self._report_objective = bool(report_objective)
 
@@ -338,6 +333,8 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
 
     if self._relative:
       self._define_floor_statistics(value_type, factory.relative_nu)
+    if self._start == 'trimmed':
+      self._define_trim(value_type)
 
     @tff.tensorflow.computation(value_type, tf.float32, tf.float64)
     def weight_from_norm(value, weight, nu):
@@ -403,6 +400,63 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     self._advance = advance
     self._not_frozen = not_frozen
 
+  def _define_trim(self, value_type):
+    """The client and server computations of the trimmed start (`_spread_pass`,
+    `_radius_pass`, `_trim_pass`)."""
+
+    @tff.tensorflow.computation(value_type, value_type, tf.float32)
+    def weighted_distance(center, value, weight):
+      return tf.cast(weight, tf.float64) * numerics.global_l2_distance(value, center)
+
+    @tff.tensorflow.computation(tf.float64, tf.float32)
+    def mean_distance(distance_sum, alpha_sum):
+      return tf.math.divide_no_nan(distance_sum, tf.cast(alpha_sum, tf.float64))
+
+    @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
+    def radius_histogram(center, value, weight, unit):
+      return robust_scale.client_radius_histogram(
+          numerics.global_l2_distance(value, center), unit, weight)
+
+    @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64,
+                                tf.int32)
+    def trimmed_weight(center, value, weight, unit, bucket):
+      near = robust_scale.radius_bucket(
+          numerics.global_l2_distance(value, center), unit) <= bucket
+      return tf.where(near, tf.cast(weight, tf.float64), tf.constant(0.0, tf.float64))
+
+    @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64,
+                                tf.float64, tf.int32)
+    def restricted_weiszfeld_weight(center, value, weight, nu, unit, bucket):
+      # β over the clients near the estimate; the objective over every client.
+      distance = numerics.global_l2_distance(value, center)
+      near = robust_scale.radius_bucket(distance, unit) <= (
+          bucket + robust_scale.NEAR_BUCKETS)
+      beta = tf.where(near, weiszfeld_beta(weight, distance, nu),
+                      tf.constant(0.0, tf.float64))
+      return beta, tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
+
+    @tff.tensorflow.computation(radius_histogram.type_signature.result)
+    def median_bucket(histogram):
+      return robust_scale.half_weight_bucket(histogram)
+
+    @tff.tensorflow.computation(tf.int32, tf.float64)
+    def radius(bucket, unit):
+      return robust_scale.bucket_upper_edge(bucket, unit)
+
+    @tff.tensorflow.computation
+    def trim_applied():
+      return collections.OrderedDict(frozen=tf.constant(False),
+                                     frozen_at=tf.constant(0), passes=tf.constant(2))
+
+    self._weighted_distance = weighted_distance
+    self._mean_distance = mean_distance
+    self._radius_histogram = radius_histogram
+    self._trimmed_weight = trimmed_weight
+    self._restricted_weiszfeld_weight = restricted_weiszfeld_weight
+    self._median_bucket = median_bucket
+    self._radius = radius
+    self._trim_applied = trim_applied
+
   def _define_floor_statistics(self, value_type, relative_nu):
     """The client and server computations of the relative ν (`smoothing`)."""
     float64 = type_checks.has_float64(value_type)
@@ -415,7 +469,8 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     @tff.tensorflow.computation(value_type, value_type, tf.float32)
     def statistics_from_distance(center, value, weight):
       return robust_scale.client_statistics(
-          numerics.global_l2_distance(value, center), weight, float64)
+          numerics.global_l2_distance(value, center), weight, float64,
+          count_zero=True)
 
     @tff.tensorflow.computation(statistics_from_distance.type_signature.result)
     def floor_from_statistics(statistics):
@@ -437,17 +492,32 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
       return {'inner': state.inner, 'center': state[PREVIOUS_AGGREGATE]}
     return {'inner': state}
 
+  @property
+  def _first_weiszfeld_pass(self) -> int:
+    """The pass r of the first Weiszfeld step from a broadcast estimate."""
+    return 3 if self._start == 'trimmed' else 2
+
   def passes(self):
     floor = [iterative_steps.Pass('floor', self._floor)] if self._relative else []
     passes = []
-    if self._start != 'mean':
+    if self._start in ('zero', 'previous'):
       passes += floor
     passes.append(iterative_steps.Pass('first', self._first_pass))
-    for _ in range(2, self._num_passes + 1):
+    if self._start == 'trimmed':
+      passes += [iterative_steps.Pass('spread', self._spread_pass),
+                 iterative_steps.Pass('radius', self._radius_pass),
+                 iterative_steps.Pass('trim', self._trim_pass)]
+      if self._num_passes >= 3:
+        passes += [iterative_steps.Pass('near', self._near_pass),
+                   iterative_steps.Pass('restricted', functools.partial(
+                       self._weiszfeld_pass, restricted=True))]
+    first_plain = self._first_weiszfeld_pass + (self._start == 'trimmed')
+    for _ in range(first_plain, self._num_passes + 1):
       passes += floor + [iterative_steps.Pass('weiszfeld', self._weiszfeld_pass)]
     if self._report_objective:
-      if self._start == 'mean' and self._num_passes == 1:
-        passes += floor  # The mean start's only pass has no floor to reuse.
+      if self._num_passes < self._first_weiszfeld_pass and self._start in (
+          'mean', 'trimmed'):
+        passes += floor  # No Weiszfeld step left a floor to reuse.
       passes.append(iterative_steps.Pass('objective', self._objective_pass))
     return passes
 
@@ -472,7 +542,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
 
   def _first_pass(self, carry, value, alpha):
     """Pass 1: a Weiszfeld step from zero or the previous aggregate, or the mean."""
-    if self._start == 'mean':
+    if self._start in ('mean', 'trimmed'):
       nu, beta = None, tff.federated_map(_as_beta, alpha)
     else:
       nu = self._nu(carry)
@@ -495,15 +565,65 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
       carry['alpha_sum'] = tff.federated_sum(alpha)
     return carry
 
-  def _weiszfeld_pass(self, carry, value, alpha):
-    """Pass r ≥ 2 from the broadcast estimate v: β_i and the objective g_ν(v), one
-    inner mean, and v kept instead of the step once the relative gradient is at most
-    `tolerance`."""
-    this_pass = len(carry['relative_gradients']) + 2
+  def _spread_pass(self, carry, value, alpha):
+    """The trimmed start's unit: the α-weighted mean distance D̄ to the mean, from
+    one federated sum of client scalars."""
+    distance_sum = tff.federated_sum(tff.federated_map(
+        self._weighted_distance, (tff.federated_broadcast(carry['center']), value, alpha)))
+    return dict(carry, trim_unit=tff.federated_map(
+        self._mean_distance, (distance_sum, carry['alpha_sum'])))
+
+  def _radius_pass(self, carry, value, alpha):
+    """The trimmed start's radius: the bucket of the α-weighted median of d / D̄, from
+    one federated sum of the clients' histograms."""
+    histogram = tff.federated_sum(tff.federated_map(self._radius_histogram, (
+        tff.federated_broadcast(carry['center']), value, alpha,
+        tff.federated_broadcast(carry['trim_unit']))))
+    return dict(carry, trim_bucket=tff.federated_map(self._median_bucket, histogram))
+
+  def _near_pass(self, carry, value, alpha):
+    """Before the trimmed start's pass 3, in one round: ν, and the bucket of the
+    α-weighted median distance to the trimmed mean (in units of pass 2's radius)."""
+    if self._relative:
+      carry = self._floor(carry, value, alpha)
+    histogram = tff.federated_sum(tff.federated_map(self._radius_histogram, (
+        tff.federated_broadcast(carry['center']), value, alpha,
+        tff.federated_broadcast(carry['trim_radius']))))
+    return dict(carry, near_bucket=tff.federated_map(self._median_bucket, histogram))
+
+  def _trim_pass(self, carry, value, alpha):
+    """Pass 2 of the trimmed start: the α-weighted mean of the clients within the
+    radius of the mean (β_i = α_i inside, 0 outside), one inner mean."""
+    bucket, unit = carry['trim_bucket'], carry['trim_unit']
+    beta = tff.federated_map(self._trimmed_weight, (
+        tff.federated_broadcast(carry['center']), value, alpha,
+        tff.federated_broadcast(unit), tff.federated_broadcast(bucket)))
+    output = self._inner.next(carry['inner'], value, beta)
+    carry = dict(carry, inner=output.state, center=output.result,
+                 inner_measurements=output.measurements,
+                 trim_radius=tff.federated_map(self._radius, (bucket, unit)),
+                 loop=tff.federated_eval(self._trim_applied, tff.SERVER))
+    if self._report_max_weight:
+      carry['max_weights'] = carry['max_weights'] + [
+          _max_effective_weight(beta, tff.federated_sum(beta))]
+    return carry
+
+  def _weiszfeld_pass(self, carry, value, alpha, restricted=False):
+    """A Weiszfeld step from the broadcast estimate v: β_i and the objective g_ν(v),
+    one inner mean, and v kept instead of the step once the relative gradient is at
+    most `tolerance`. `restricted` (the trimmed start's pass 3): β_i only for the
+    clients within about twice the α-weighted median distance to v (`_near_pass`)."""
+    this_pass = len(carry['relative_gradients']) + self._first_weiszfeld_pass
     nu, center, loop = self._nu(carry), carry['center'], carry['loop']
-    beta_and_term = tff.federated_map(
-        self._weiszfeld_weight,
-        (tff.federated_broadcast(center), value, alpha, tff.federated_broadcast(nu)))
+    arguments_ = (tff.federated_broadcast(center), value, alpha,
+                  tff.federated_broadcast(nu))
+    if restricted:
+      beta_and_term = tff.federated_map(
+          self._restricted_weiszfeld_weight,
+          arguments_ + (tff.federated_broadcast(carry['trim_radius']),
+                        tff.federated_broadcast(carry['near_bucket'])))
+    else:
+      beta_and_term = tff.federated_map(self._weiszfeld_weight, arguments_)
     beta = beta_and_term[0]
     # One sum of the pair gives Σβ and g_ν(center) (fewer per-client operations).
     beta_sum_and_objective = tff.federated_sum(beta_and_term)
@@ -547,6 +667,8 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     measurements['frozen_at_pass'] = carry['loop']['frozen_at']
     measurements['relative_gradient'] = stack(carry['relative_gradients'], tf.float64)
     measurements['nu'] = stack(carry['floors'], tf.float64)
+    if self._start == 'trimmed':
+      measurements['trim_radius'] = carry['trim_radius']
     if self._report_max_weight:
       measurements['max_effective_weight'] = tff.federated_map(
           iterative_mean.max_of_vector, stack(carry['max_weights'], tf.float32))

@@ -79,13 +79,21 @@ def buckets(float64: bool = False) -> tuple[int, int]:
   return LOWEST_EXPONENT, NUM_BUCKETS
 
 
-def client_statistics(distance, weight, float64: bool = False):
+def client_statistics(distance, weight, float64: bool = False,
+                      count_zero: bool = False):
   """The client's `[2, num_buckets]` float64 contribution: α one-hot in the row 0,
-  α·log2(d) one-hot in the row 1; zeros for d = 0 or non-finite d. For `[n]`
-  distances and weights (clients gathered at a server): `[2, n, num_buckets]`."""
+  α·log2(d) one-hot in the row 1; zeros for non-finite d, and for d = 0 unless
+  `count_zero`, which counts it as the smallest distance of the lowest bucket. For
+  `[n]` distances and weights (clients gathered at a server): `[2, n, num_buckets]`.
+
+  `count_zero` is for distances to an estimate: clients exactly at it (a majority
+  client that the estimate has reached) then keep it there, as the geometric median
+  does; distances to the zero update (a free rider's exact zero) are not counted."""
   lowest, num_buckets = buckets(float64)
   distance = tf.cast(distance, tf.float64)
   weight = tf.cast(weight, tf.float64)
+  if count_zero:
+    distance = tf.where(distance == 0, tf.constant(2.0**lowest, tf.float64), distance)
   counted = tf.logical_and(distance > 0, tf.math.is_finite(distance))
   log_distance = tf.where(counted, tf.math.log(distance) / np.log(2.0), 0.0)
   bucket = tf.clip_by_value(
@@ -117,3 +125,64 @@ def relative_floor(statistics, relative):
   (then every client coincides with the estimate and any ν gives the same step)."""
   scale = scale_from_statistics(statistics)
   return tf.where(scale > 0, relative * scale, tf.constant(1.0, tf.float64))
+
+
+# The half-weight radius of the trimmed start (`tff_robust.GeometricMedianFactory`):
+# buckets of a quarter of an octave of d / D̄, D̄ the α-weighted mean distance (a unit
+# that scales and shifts with the clients, so the buckets do), over 2^±64. A client
+# 2^(1/4) ≈ 1.19 times farther than the median distance is always left out.
+BUCKETS_PER_OCTAVE = 4
+# The restricted step after the trimmed mean keeps the clients up to this many
+# buckets above the weighted median's (about twice the median distance).
+NEAR_BUCKETS = 4
+RADIUS_LOWEST_EXPONENT = -64
+RADIUS_NUM_BUCKETS = BUCKETS_PER_OCTAVE * 128
+
+
+def safe_unit(unit):
+  """`unit` (float64), or 1 where it is 0 or not finite (every client at the mean,
+  or distances beyond float64): the buckets then stay defined."""
+  unit = tf.cast(unit, tf.float64)
+  usable = tf.logical_and(unit > 0, tf.math.is_finite(unit))
+  return tf.where(usable, unit, tf.ones_like(unit))
+
+
+def radius_bucket(distance, unit):
+  """The bucket ⌊4·log2(d / unit)⌋ + 256 of the half-weight radius's histogram,
+  int32, clamped to [0, RADIUS_NUM_BUCKETS): d = 0 in bucket 0, a non-finite d one
+  past the last bucket (never counted, never kept)."""
+  distance = tf.cast(distance, tf.float64)
+  finite = tf.math.is_finite(distance)
+  ratio = tf.math.divide_no_nan(distance, safe_unit(unit))
+  log_ratio = tf.where(tf.logical_and(finite, ratio > 0),
+                       tf.math.log(ratio) / np.log(2.0),
+                       tf.constant(float(RADIUS_LOWEST_EXPONENT), tf.float64))
+  bucket = tf.clip_by_value(
+      tf.cast(tf.floor(BUCKETS_PER_OCTAVE * (log_ratio - RADIUS_LOWEST_EXPONENT)),
+              tf.int32), 0, RADIUS_NUM_BUCKETS - 1)
+  return tf.where(finite, bucket, RADIUS_NUM_BUCKETS)
+
+
+def client_radius_histogram(distance, unit, weight):
+  """The client's `[RADIUS_NUM_BUCKETS]` float64 contribution: α one-hot in its
+  `radius_bucket` (zeros for a non-finite d). For `[n]` distances and weights:
+  `[n, RADIUS_NUM_BUCKETS]`."""
+  return tf.one_hot(radius_bucket(distance, unit), RADIUS_NUM_BUCKETS,
+                    dtype=tf.float64) * tf.expand_dims(tf.cast(weight, tf.float64), -1)
+
+
+def half_weight_bucket(histogram):
+  """The bucket holding the α-weighted median distance (int32), from the sum of
+  `client_radius_histogram`: the clients in it or below hold at least half of the
+  weight. The last bucket when no weight was counted."""
+  cumulative = tf.cumsum(histogram)
+  median = tf.reduce_sum(tf.cast(cumulative < 0.5 * cumulative[-1], tf.int32))
+  return tf.minimum(median, RADIUS_NUM_BUCKETS - 1)
+
+
+def bucket_upper_edge(bucket, unit):
+  """unit · 2^((bucket + 1)/4 − 64): the distance below which a client is in
+  `bucket` or a lower one (float64; reported as the trimmed start's radius)."""
+  exponent = (tf.cast(bucket + 1, tf.float64) / BUCKETS_PER_OCTAVE +
+              RADIUS_LOWEST_EXPONENT)
+  return safe_unit(unit) * tf.pow(tf.constant(2.0, tf.float64), exponent)

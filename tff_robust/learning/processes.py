@@ -54,7 +54,7 @@ def build_robust_federated_aggregation_process(
     num_communication_passes: int = 3,
     nu: Optional[float] = None,
     tolerance: Optional[float] = None,
-    initial_point: str = 'zero',
+    initial_point: str = geometric_median.DEFAULT_INITIAL_POINT,
     relative_nu: Optional[float] = None,
     inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     report_max_effective_weight: bool = True,
@@ -86,10 +86,11 @@ def build_robust_federated_aggregation_process(
     tolerance: relative gradient ‖∇g_ν‖/Σα at which the estimate freezes (0: every
       pass is applied; None: 1e-6); see `GeometricMedianFactory`. Not the original
       TFF RFA's `tolerance` (which is ν): a positive value without a ν raises.
-    initial_point: 'zero' (the zero update, i.e. the current model; default, chosen
-      by `benchmarks/gm_start_point.py` and `benchmarks/gm_start_study.py`), 'mean'
-      (the paper's start) or 'previous' (the previous round's aggregate, i.e. model
-      delta, kept in the aggregator state).
+    initial_point: 'trimmed' (default: the mean, then the mean of the clients
+      nearest to it; translation-equivariant), 'mean' (the paper's start), 'zero'
+      (the zero update, i.e. the current model) or 'previous' (the previous round's
+      aggregate, i.e. model delta, kept in the aggregator state); see
+      `GeometricMedianFactory`.
     relative_nu: ν relative to the clients' robust typical distance to each pass's
       estimate (None and no `nu`: 0.2); see `GeometricMedianFactory`.
     inner_mean_factory: the weighted mean each pass goes through (secure sum, DP).

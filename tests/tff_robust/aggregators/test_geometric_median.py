@@ -17,7 +17,8 @@ VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
 WEIGHT_TYPE = tff.TensorType(np.float32)
 
 
-def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6, start='zero'):
+def numpy_smoothed_weiszfeld(points, alphas, passes, nu, tolerance=1e-6,
+                             start='trimmed'):
   """Algorithm 2 with the absolute ν (`tasks.references.geometric_median`): the
   estimate and its trace (objectives, relative gradients, max effective weight, the
   points each Weiszfeld step started from)."""
@@ -88,7 +89,16 @@ class GeometricMedianMatchesNumpyTest(parameterized.TestCase):
     weights = rng.uniform(1, 100, size=7) if weighted else np.ones(7)
     self._assert_matches(points, weights, passes, nu, start)
 
-  @parameterized.product(passes=[3, 5], weighted=[True, False], start=['mean', 'zero'])
+  @parameterized.product(passes=[2, 3, 5], nu=[1e-6, 1e-2], weighted=[True, False])
+  def test_the_trimmed_start_matches_numpy(self, passes, nu, weighted):
+    rng = np.random.default_rng(passes)
+    points = rng.normal(size=(7, DIMENSION))
+    points[:2] += 5.0
+    weights = rng.uniform(1, 100, size=7) if weighted else np.ones(7)
+    self._assert_matches(points, weights, passes, nu, 'trimmed')
+
+  @parameterized.product(passes=[3, 5], weighted=[True, False],
+                         start=['mean', 'zero', 'trimmed'])
   def test_matches_algorithm_2_where_nu_smooths(self, passes, weighted, start):
     # Five clients within ν of the median: its weights are α/ν and its objective the
     # quadratic branch α(d²/2ν + ν/2) there, beside two far outliers.
