@@ -83,10 +83,16 @@ def real_updates(seed=0, local_steps=5):
   return updates, np.array([len(y) for _, y in arrays], np.float64)
 
 
+def corrupted_clients(num_clients, seed=0):
+  """The `NUM_CORRUPTED` clients `corrupt` corrupts with this seed (a bool mask)."""
+  corrupted = np.zeros(num_clients, bool)
+  corrupted[np.random.default_rng(seed).permutation(num_clients)[:NUM_CORRUPTED]] = True
+  return corrupted
+
+
 def corrupt(updates, alphas, attack, seed=0):
   """The round's updates with `NUM_CORRUPTED` clients (chosen by `seed`) corrupted."""
-  corrupted = np.zeros(len(alphas), bool)
-  corrupted[np.random.default_rng(seed).permutation(len(alphas))[:NUM_CORRUPTED]] = True
+  corrupted = corrupted_clients(len(alphas), seed)
   out = updates.copy()
   if attack == 'omniscient':
     honest_sum = alphas[~corrupted] @ updates[~corrupted]

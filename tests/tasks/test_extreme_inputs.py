@@ -65,7 +65,8 @@ REFERENCES = dict(
         functools.partial(references.geometric_median, passes=GM_PASSES)),
     gathered_gm=(dict(num_communication_passes=GM_PASSES, tolerance=0.0),
                  functools.partial(references.geometric_median, passes=GM_PASSES)),
-    one_step_gm=({}, functools.partial(references.geometric_median, passes=1)),
+    one_step_gm=({}, functools.partial(references.geometric_median, passes=1,
+                                       start='zero')),
     gamma_mean=({}, references.gamma_mean),
     gamma_mean_diagonal=({}, functools.partial(references.gamma_mean,
                                                covariance='diagonal')),
@@ -143,10 +144,12 @@ class StoppingRuleTest(parameterized.TestCase):
     expected = references.geometric_median(x, weights, GM_PASSES)
     self.assertLessEqual(np.linalg.norm(actual - expected), 1e-5 * np.linalg.norm(expected))
     frozen_at = int(output.measurements['frozen_at_pass'])
-    self.assertBetween(frozen_at, 3, GM_PASSES)
+    # The trimmed start's Weiszfeld steps (and relative gradients) begin at pass 3.
+    gradients = output.measurements['relative_gradient']
+    self.assertBetween(frozen_at, 4, GM_PASSES)
     self.assertEqual(output.measurements['num_passes_applied'], frozen_at)
-    self.assertLessEqual(output.measurements['relative_gradient'][frozen_at - 2], 1e-6)
-    self.assertTrue(np.all(output.measurements['relative_gradient'][:frozen_at - 2] > 1e-6))
+    self.assertLessEqual(gradients[frozen_at - 3], 1e-6)
+    self.assertTrue(np.all(gradients[:frozen_at - 3] > 1e-6))
 
 
 REAL_VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
@@ -166,7 +169,8 @@ class RealUpdatesTest(parameterized.TestCase):
     super().setUpClass()
     cls.updates, cls.alphas = gm_start_point.real_updates(seed=0)
 
-  def _relative_distance(self, attack, factory_key, build_factory):
+  def _result(self, attack, factory_key, build_factory):
+    """(the factory's result, the exact median) on the attacked round (float64)."""
     points = gm_start_point.corrupt(self.updates, self.alphas, attack, seed=0)
     points = points.astype(np.float32).astype(np.float64)
     v_star = gm_start_point.geometric_median(points, self.alphas)
@@ -181,12 +185,26 @@ class RealUpdatesTest(parameterized.TestCase):
                           [np.float32(a) for a in self.alphas])
     result = np.concatenate([np.ravel(output.result['kernel']),
                              np.ravel(output.result['bias'])])
+    return result, v_star
+
+  def _relative_distance(self, attack, factory_key, build_factory):
+    result, v_star = self._result(attack, factory_key, build_factory)
     return np.linalg.norm(result - v_star) / np.linalg.norm(v_star)
 
   @parameterized.parameters('omniscient', 'x1000')
-  def test_default_rfa_is_within_2_percent_of_the_median(self, attack):
+  def test_default_rfa_is_nearer_the_honest_mean_than_the_median(self, attack):
+    # The median itself is pulled by the corrupted clients; the trimmed start is not.
+    honest = ~gm_start_point.corrupted_clients(len(self.alphas), seed=0)
+    honest_mean = np.average(self.updates[honest], axis=0, weights=self.alphas[honest])
+    result, v_star = self._result(attack, 'default', tff_robust.GeometricMedianFactory)
+    self.assertLess(np.linalg.norm(result - honest_mean),
+                    0.5 * np.linalg.norm(v_star - honest_mean))
+
+  @parameterized.parameters('omniscient', 'x1000')
+  def test_three_passes_from_zero_are_within_2_percent_of_the_median(self, attack):
     self.assertLess(self._relative_distance(
-        attack, 'default', tff_robust.GeometricMedianFactory), 0.02)
+        attack, 'zero_start',
+        lambda: tff_robust.GeometricMedianFactory(initial_point='zero')), 0.02)
 
   def test_the_papers_mean_start_is_not(self):
     # What the default start buys: 3 passes from the weighted mean stay far away.

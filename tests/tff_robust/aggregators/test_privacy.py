@@ -69,10 +69,12 @@ def client_to_server_intrinsics(computation):
 
 def only_scalars(member):
   """True if `member` is a scalar or a structure of scalars (sums of client weights and
-  objective terms, never a model-sized value), or the histogram of log-distances the
-  relative ν sums (`tff_robust.aggregators.robust_scale`: per-bucket weights, no model value)."""
+  objective terms, never a model-sized value), or a histogram of distances: the
+  relative ν's and the trimmed start's (`tff_robust.aggregators.robust_scale`:
+  per-bucket weights, no model value)."""
   if isinstance(member, tff.TensorType):
-    return not member.shape or tuple(member.shape) == (2, robust_scale.NUM_BUCKETS)
+    return not member.shape or tuple(member.shape) in (
+        (2, robust_scale.NUM_BUCKETS), (robust_scale.RADIUS_NUM_BUCKETS,))
   return all(only_scalars(element) for _, element in tff.structure.iter_elements(member))
 
 

@@ -5,7 +5,8 @@ pass by pass, against `golden/iterative_registry.json`.
 
 The golden file holds the fused outputs of the code before that change (both drivers
 were bit-identical then, and are now; written by `write_golden` from
-`tests.tff_robust.iterative.iterative_golden`'s recording). Structure, names, dtypes and
+`tests.tff_robust.iterative.iterative_golden`'s recording; the 'gm' entries were
+recorded again when its default start became 'trimmed'). Structure, names, dtypes and
 shapes must match exactly, values to 1e-6 of each leaf's norm (not bit for bit: other
 CPUs may round TensorFlow's kernels differently).
 """

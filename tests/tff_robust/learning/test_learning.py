@@ -107,8 +107,10 @@ class RobustProcessTest(parameterized.TestCase):
     actual = robust()
     np.testing.assert_allclose(actual, reference, atol=1e-6)
     for dropped in (dict(client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES),
-                    dict(server_optimizer_fn=None), dict(num_communication_passes=2),
-                    dict(initial_point='mean'), dict(nu=100.0)):
+                    dict(server_optimizer_fn=None),
+                    dict(num_communication_passes=2, initial_point='mean'),
+                    dict(initial_point='mean'), dict(initial_point='zero'),
+                    dict(nu=100.0)):
       self.assertGreater(np.abs(robust(**dropped) - actual).max(), 1e-4, dropped)
 
   def test_keras_optimizer_function_gets_a_clear_error(self):
