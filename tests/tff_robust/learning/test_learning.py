@@ -99,17 +99,18 @@ class RobustProcessTest(parameterized.TestCase):
 
     def robust(**changes):
       return after_two_rounds(tff_robust.build_robust_federated_aggregation_process(
-          model_fn, **{**options, 'num_communication_passes': 5, 'nu': 1e-3, **changes}))
+          model_fn, **{**options, 'num_communication_passes': 5, 'nu': 1e-3,
+                       'initial_point': 'mean', **changes}))
 
     reference = after_two_rounds(tff.learning.algorithms.build_weighted_fed_avg(
         model_fn, **options, model_aggregator=tff_robust.NonfiniteFilteringFactory(
-            tff_robust.GeometricMedianFactory(num_communication_passes=5, nu=1e-3))))
+            tff_robust.GeometricMedianFactory(num_communication_passes=5, nu=1e-3,
+                                              initial_point='mean'))))
     actual = robust()
     np.testing.assert_allclose(actual, reference, atol=1e-6)
     for dropped in (dict(client_weighting=tff.learning.ClientWeighting.NUM_EXAMPLES),
-                    dict(server_optimizer_fn=None),
-                    dict(num_communication_passes=2, initial_point='mean'),
-                    dict(initial_point='mean'), dict(initial_point='zero'),
+                    dict(server_optimizer_fn=None), dict(num_communication_passes=2),
+                    dict(initial_point='trimmed'), dict(initial_point='zero'),
                     dict(nu=100.0)):
       self.assertGreater(np.abs(robust(**dropped) - actual).max(), 1e-4, dropped)
 
