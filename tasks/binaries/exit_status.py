@@ -53,6 +53,7 @@ ONE_LINE_ERRORS = (
     ((experiment.RunFileError, data_utils.MissingDataError,
       data_utils.MalformedDataError, ledger.LedgerError), BAD_FILE),
     ((run_lock.RunLockedError,), RUN_OWNED),
+    ((run_lock.RunDirectoryError,), BAD_FILE),
     ((flag_groups.UnworkableSettingsError,), UNWORKABLE_SETTINGS),
     ((experiment.ConfigMismatchError, task_lib.TaskError), FLAGS_OR_OTHER_RUN),
 )
