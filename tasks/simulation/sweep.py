@@ -5,7 +5,11 @@ Every run is a `tasks.simulation.experiment` run in
 `<output_dir>/runs/<aggregator>_<attack>_rho<rho>_seed<seed>/` (metrics.csv,
 checkpoints, and once finished its ledger fingerprint, `FINGERPRINT`): a sweep
 restarted with the same flags skips finished runs and resumes an interrupted one, and
-skips the runs a ledger (`tasks.simulation.ledger`) it is given holds. ρ = 0 is run
+skips the runs a ledger (`tasks.simulation.ledger`) it is given holds. A run's
+identity is its whole configuration (`run_config`); a run is finished only when its
+`FINGERPRINT` is its fingerprint, and a directory holding a run of another
+identity (interrupted under other flags, or made by another command) is moved aside
+to `<run>.other-<digest>` and the run trained from round 0. ρ = 0 is run
 once per aggregator and seed (attack 'none') and shared by every attack's panel. The
 task data (client partition) is built once, with --data_seed; --seeds vary the model initialization, the corrupted set and the client
 sampling (RFA paper D.3: "repeated with different random seeds").
@@ -195,14 +199,14 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     directory = run_dir(output_dir, run)
     label = f'[{index}/{len(runs)}] {run.name}'
     fingerprint = run_fingerprint(task, spec, run)
-    skipped = _why_skipped(directory, spec, run, fingerprint, recorded)
+    skipped = _why_skipped(directory, run, fingerprint, recorded)
     if skipped:
       log(f'{label}: {skipped}, skipped.')
       continue
     try:
       with run_lock.owned(directory):
         # Asked again as the owner: another sweep may have finished it meanwhile.
-        skipped = _why_skipped(directory, spec, run, fingerprint, recorded,
+        skipped = _why_skipped(directory, run, fingerprint, recorded,
                                owner=True)
         if skipped:
           log(f'{label}: {skipped}, skipped.')
@@ -218,12 +222,11 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
   return trained
 
 
-def _why_skipped(directory: str, spec: SweepSpec, run: Run, fingerprint: str,
+def _why_skipped(directory: str, run: Run, fingerprint: str,
                  recorded: Mapping[ledger.Key, ledger.Entry],
                  owner: bool = False) -> Optional[str]:
   """Why the run needs no training ('finished', ...), or None; as the directory's
   `owner`, a run finished under another configuration is set aside."""
-  del spec  # A run is finished by its fingerprint only (below).
   stored = _stored_fingerprint(directory)
   # A directory finished under another configuration (an older revision of its
   # aggregator) is not this run's result, diverged or not.
@@ -376,7 +379,7 @@ def pending_runs(task, spec: SweepSpec, output_dir: str,
   """The runs of `spec` that `run_sweep` would train (not finished, not in
   `recorded`)."""
   return [run for run in spec.runs() if not _why_skipped(
-      run_dir(output_dir, run), spec, run, run_fingerprint(task, spec, run),
+      run_dir(output_dir, run), run, run_fingerprint(task, spec, run),
       recorded or {})]
 
 
@@ -417,8 +420,8 @@ def run_config(task, spec: SweepSpec, run: Run) -> dict[str, Any]:
 def run_fingerprint(task, spec: SweepSpec, run: Run) -> str:
   """The run's ledger fingerprint: its identity (`run_config`), the number of rounds
   and the evaluation period (a diverged run's final accuracy is its last evaluation)
-  and `FINGERPRINT_VERSION`. The same digest as when the identity held less and the
-  fingerprint added the rest, so committed ledgers keep their entries."""
+  and `FINGERPRINT_VERSION` (the keys fingerprints have always held, so committed
+  ledgers keep their entries)."""
   return ledger.fingerprint(dict(
       run_config(task, spec, run), rounds=spec.rounds, eval_period=spec.eval_period,
       version=FINGERPRINT_VERSION))

@@ -505,7 +505,7 @@ class StaleRunTest(parameterized.TestCase):
       open(os.path.join(self.directory, sweep.DIVERGED_MARKER), 'w').close()
 
   def _why_skipped(self, fingerprint, owner=False):
-    return sweep._why_skipped(self.directory, self.spec, self.run, fingerprint, {},  # pylint: disable=protected-access
+    return sweep._why_skipped(self.directory, self.run, fingerprint, {},  # pylint: disable=protected-access
                               owner=owner)
 
   @parameterized.parameters(True, False)
