@@ -12,11 +12,12 @@ Output directory layout (one run):
 Identity: config.json can be deleted or edited; the checkpoints cannot be told apart
 by their file names. So every checkpoint carries the run's configuration (without
 the keys a resumed run may change, such as `rounds`), and a checkpoint of another
-configuration is refused (`ConfigMismatchError`) whatever config.json says. Checkpoints
-of older versions carry none: they are resumed only while config.json, checked
-against the flags, vouches for them. A run with no finished round (no metrics row, no
-checkpoint: it failed or was killed in round 0) is not a run yet: other flags start
-it afresh.
+configuration is refused (`ConfigMismatchError`) whatever config.json says, before
+metrics.csv is compared with it. Checkpoints of older versions carry none: they are
+resumed only while config.json, checked against the flags, vouches for them. A run
+with no finished round (no metrics row, no checkpoint: it failed or was killed in
+round 0) is not a run yet: other flags start it afresh. A run is never shortened:
+fewer `rounds` than its checkpoints hold is refused.
 
 Resume semantics (why the order below matters): round r's metrics row is released
 *before* the checkpoint of version r + 1 is saved, and both writes are atomic (the
@@ -27,7 +28,9 @@ round v's row with key v first removes every row with key ≥ v that the killed 
 have written: no round is lost or repeated. The TensorBoard values of steps ≥ v are
 removed from the event files too, so every step has one value.
 
-Damaged files (`RunFileError`): a resumed run loads the newest *readable* checkpoint
+Damaged files (`RunFileError`): a missing metrics.csv beside checkpoints is rebuilt
+by rerunning the rounds from round 0 (the same rows and checkpoints). A resumed run
+loads the newest *readable* checkpoint
 (the manager keeps the first and the two latest) and moves the unreadable newer ones
 to `checkpoints/unreadable_round_<v>`; the rows after the one it resumes from are
 rewritten as above. A cut-off last metrics row (a kill in the middle of an append, by
@@ -96,8 +99,9 @@ FINITE_METRICS = ('train_loss', 'test_loss', 'test_accuracy')
 
 
 class NonFiniteStateError(RuntimeError):
-  """A round produced a non-finite model or too few finite client updates to
-  aggregate; the finished rounds are kept."""
+  """A round produced a non-finite model, non-finite losses or accuracy
+  (`FINITE_METRICS`), or too few finite client updates to aggregate; the finished
+  rounds are kept."""
 
 
 class ConfigMismatchError(ValueError):
@@ -769,13 +773,14 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
     The number of finished rounds (= `rounds`).
 
   Raises:
-    NonFiniteStateError: when a round leaves a non-finite model (its metrics row is
-      written, its state is not checkpointed: the finished rounds stay resumable), or
+    NonFiniteStateError: when a round leaves a non-finite model or a non-finite
+      value of `FINITE_METRICS` (its metrics row is written, its state is not
+      checkpointed: the finished rounds stay resumable), or
       when too few of its clients train to a finite update for the aggregator (no
       row: `loop.NonFiniteUpdatesError`).
     run_lock.RunLockedError: when another process owns `output_dir`.
     ConfigMismatchError: when `output_dir` holds a run with another `config`
-      (config.json's or its checkpoint's).
+      (config.json's or its checkpoint's), or more finished rounds than `rounds`.
     RunFileError: when a file of `output_dir` is unreadable or inconsistent and the
       run cannot resume around it (see the module docstring); nothing is written.
   """
@@ -830,8 +835,9 @@ def _train(simulation: loop.Simulation, output_dir: str, resumed: _Resumed,
           _run(releaser.release(row, key=round_num))
       non_finite = _non_finite_metrics(row)
       if not finite or non_finite:
-        what = ('a non-finite model' if not finite else 'a model whose '
-                + ', '.join(f'{k}={v}' for k, v in non_finite.items()) + ' is not finite')
+        what = 'a non-finite model' if not finite else (
+            'a model whose ' + ', '.join(f'{k}={v}' for k, v in non_finite.items())
+            + ' is not finite')
         raise NonFiniteStateError(
             f'Round {round_num} produced {what} (train_loss={row["train_loss"]}); '
             f'stopped. Rounds 0..{round_num - 1} are checkpointed in {output_dir} and '
