@@ -105,7 +105,19 @@ class NonFiniteStateError(RuntimeError):
 
 
 class ConfigMismatchError(ValueError):
-  """The output directory holds a run with a different configuration."""
+  """The output directory holds a run with a different configuration.
+
+  The message is one line: the problem, then the fix.
+
+  Attributes:
+    problem: What differs (the keys and values, or the rounds).
+    fix: What the user can do.
+  """
+
+  def __init__(self, problem: str, fix: str):
+    self.problem = problem
+    self.fix = fix
+    super().__init__(f'{problem}. {fix}')
 
 
 class RunFileError(RuntimeError):
@@ -168,8 +180,8 @@ def check_config(output_dir: str, config: Mapping[str, Any],
       return True
     if finished:
       raise ConfigMismatchError(
-          f'{output_dir} holds a run with a different configuration ({changes}). Use '
-          'the same flags to resume it, or another --experiment_name / output '
+          f'{output_dir} holds a run with a different configuration ({changes})',
+          'Use the same flags to resume it, or another --experiment_name / output '
           'directory.')
   elif finished:
     return False
@@ -403,10 +415,10 @@ def _check_identity(checkpoints_dir: str, resumption: _Resumption, identity: str
   raise ConfigMismatchError(
       f'{path} is a checkpoint of a run with a different configuration ({changes}'
       f'fingerprint {identity_fingerprint(resumption.identity)}, these flags '
-      f'{identity_fingerprint(identity)}): it is not resumed. Use that run\'s flags '
-      f'to resume it; if it does not belong to this run, move {path} out of '
-      f'{checkpoints_dir} (this run\'s own checkpoints stay); or use another '
-      '--experiment_name / output directory.')
+      f'{identity_fingerprint(identity)}): it is not resumed',
+      f'Use that run\'s flags to resume it; if it does not belong to this run, move '
+      f'{path} out of {checkpoints_dir} (this run\'s own checkpoints stay); or use '
+      'another --experiment_name / output directory.')
 
 
 def _check_not_shortened(output_dir: str, finished: int, rounds: int) -> None:
@@ -419,9 +431,9 @@ def _check_not_shortened(output_dir: str, finished: int, rounds: int) -> None:
   if finished > rounds:
     raise ConfigMismatchError(
         f'{output_dir} holds a run of {finished} finished rounds, more than '
-        f'--rounds={rounds}: a run is not shortened (its rounds are kept). Pass '
-        f'--rounds={finished} (or more, to extend it), or another --experiment_name / '
-        'output directory for a shorter run.')
+        f'--rounds={rounds}: a run is not shortened (its rounds are kept)',
+        f'Pass --rounds={finished} (or more, to extend it), or another '
+        '--experiment_name / output directory for a shorter run.')
 
 
 @dataclasses.dataclass(frozen=True)

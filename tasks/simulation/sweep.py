@@ -321,7 +321,7 @@ def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,
       # Not this cell's run (other settings, or more rounds than the sweep's): kept
       # beside it, and the cell trained from round 0.
       stale = _set_aside(directory, f'other-{_fingerprint_of_files(directory)}')
-      log(f'{label}: {e} Moved it to {stale}; training this cell afresh.')
+      log(f'{label}: {e.problem}. Moved it to {stale}; training this cell afresh.')
       train()
   except experiment.NonFiniteStateError as e:
     log(f'{label}: {e}')
