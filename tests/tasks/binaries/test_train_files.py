@@ -185,6 +185,18 @@ class TrainFilesTest(parameterized.TestCase):
     self.assertEqual(_metrics_lines(run_dir)[:len(finished)], finished)
     self.assertLen(_metrics_lines(run_dir), _FINISHED + 2)
 
+  def test_a_model_whose_evaluation_is_nan_exits_2(self):
+    # Client lr 1e38 with the mean: finite weights at float32's limit, NaN test loss.
+    root = tempfile.mkdtemp(dir=self.root)
+    status, stderr = _train_in_process(
+        rounds=4, root_output_dir=root,
+        **dict(_RUN, aggregator='mean', attack='none', rho=0,
+               client_learning_rate='1e38'))
+    self.assertEqual(status, exit_status.NON_FINITE, stderr)
+    self._assert_one_error_line_naming(stderr, 'produced a model whose test_loss=nan '
+                                       'is not finite')
+    self.assertNotIn('Finished', stderr)
+
   def test_a_run_stopped_in_round_0_takes_the_corrected_flags(self):
     root = tempfile.mkdtemp(dir=self.root)
     with mock.patch.object(loop.Simulation, 'run_round', side_effect=KeyboardInterrupt):
