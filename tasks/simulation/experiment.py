@@ -475,8 +475,8 @@ def _checked_metrics(path: str, finished: int) -> _MetricsFile:
     RunFileError: when the file is unreadable, has no `round` column, a finished
       round's row is damaged, missing or repeated with other values.
   """
-  restore = (f'Restore it from a backup, or delete the run\'s directory '
-             f'{os.path.dirname(path) or "."} to rerun it from round 0')
+  restore = ('Restore it from a backup, or delete it: the run then rebuilds it by '
+             'rerunning its checkpointed rounds from round 0 (the same rows)')
   if not os.path.lexists(path):
     if not finished:
       return _MetricsFile(path, None)
