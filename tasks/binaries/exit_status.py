@@ -1,13 +1,14 @@
 """How the binaries end: exit statuses, and one line instead of a traceback.
 
   0    finished
-  1    bad flags (absl), or an output directory holding a run of other flags, or a
-       task of your own (--task=module:function) that does not follow the `Task`
+  1    bad flags (absl), or an output directory holding a run of other flags (or of
+       more finished rounds than --rounds), or a task of your own (--task=module:function) that does not follow the `Task`
        protocol (`tasks.builders.TaskError`, naming the problem and the fix)
   2    a file the run reads is unreadable or inconsistent (`experiment.RunFileError`:
-       checkpoint, config.json, metrics.csv, TensorBoard directory; a missing or
+       checkpoint, config.json, metrics.csv, TensorBoard directory; a run
+       directory that is a file, `run_lock.RunDirectoryError`; a missing or
        malformed data file, a damaged leaderboard ledger), or a round left a
-       non-finite model; or flags valid one by one cannot train together
+       non-finite model or non-finite losses or accuracy; or flags valid one by one cannot train together
        (`flag_groups.UnworkableSettingsError`, refused right after parsing); or
        some runs of a sweep failed (the others ran; the table marks them)
        another process owns the run directory (`run_lock`: one line naming it and
@@ -53,6 +54,7 @@ ONE_LINE_ERRORS = (
     ((experiment.RunFileError, data_utils.MissingDataError,
       data_utils.MalformedDataError, ledger.LedgerError), BAD_FILE),
     ((run_lock.RunLockedError,), RUN_OWNED),
+    ((run_lock.RunDirectoryError,), BAD_FILE),
     ((flag_groups.UnworkableSettingsError,), UNWORKABLE_SETTINGS),
     ((experiment.ConfigMismatchError, task_lib.TaskError), FLAGS_OR_OTHER_RUN),
 )

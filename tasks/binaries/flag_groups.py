@@ -7,7 +7,11 @@ A binary calls the `define_*` functions it needs at import, with its own default
 lists kept here.
 
 Every flag defined here that changes what a run computes is recorded as part of the
-run's identity (`run_config()`): a resumed run must match it.
+run's identity: `run_config()` for `train`; for a sweep's cells, `sweep.run_config`
+of the task and the `SweepSpec` these flags build (`task_from_flags`,
+`sweep_spec_from_flags`). A resumed run must match it. The flags defined with
+`part_of_run=False` change no number (progress, TensorBoard, checkpoint period,
+where files go).
 """
 
 import ast

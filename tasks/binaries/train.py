@@ -26,12 +26,13 @@ with `.` for `:`): `metrics.csv` with one row per round, the columns
 `tensorboard/`, the run's `config.json` and `checkpoints/` (each carrying the run's
 configuration: other flags are refused even without config.json). One process owns
 the directory (`owner.lock`): a second one exits with status 2, naming the owner's
-pid. Killed at any moment and
-restarted with the same flags, a run resumes after its last finished round; a larger
---rounds extends a finished run; a damaged latest checkpoint is skipped for the newest
+pid. Killed at any moment and restarted with the same flags, a run resumes after
+its last finished round; a larger --rounds extends a finished run (a smaller one is
+refused: a run is never shortened); a deleted metrics.csv is rebuilt by rerunning
+the checkpointed rounds; a damaged latest checkpoint is skipped for the newest
 readable one (`tasks.simulation.experiment`). A round that leaves a non-finite model
-stops the run with exit status 2, keeping every finished round, as does a damaged or
-inconsistent file of the run or of the data (one stderr line naming the file and the
+(or whose losses or test accuracy are not finite) stops the run with exit status 2,
+keeping every finished round, as does a damaged or inconsistent file of the run or of the data (one stderr line naming the file and the
 fix). With --workers=host:port,... each round's clients train and aggregate on TFF
 worker_binary processes (README, "Several workers and machines"); a worker failing
 mid-round stops the run with exit status 3, naming the worker and the round, and a
@@ -64,7 +65,24 @@ flags.DEFINE_string('root_output_dir', 'runs', 'Root of the output directories.'
 flag_groups.validate_output_paths(directories=['root_output_dir'])
 flags.DEFINE_string('experiment_name', None, 'Output subdirectory; default '
                     '<task>_<model>_<aggregator>_<attack>_rho<rho>_seed<seed> '
-                    '(<module>.<function>_<aggregator>_... for --task=module:function).')
+                    '(<module>.<function>_<aggregator>_... for --task=module:function); '
+                    'a relative path inside --root_output_dir.')
+
+
+def _check_experiment_name(name) -> bool:
+  """The run directory stays inside --root_output_dir: refused at parse time."""
+  if not name:
+    return True  # The default name.
+  parts = os.path.normpath(name).split(os.sep)
+  if not name.strip() or os.path.isabs(name) or parts[0] in (os.curdir, os.pardir):
+    raise flags.ValidationError(
+        f'--experiment_name={name!r} is not a directory inside --root_output_dir (it '
+        'must be a relative path that does not climb out with ".."); pass a name such '
+        'as --experiment_name=my_run, and --root_output_dir for where it goes.')
+  return True
+
+
+flags.register_validator('experiment_name', _check_experiment_name)
 flag_groups.define('string', 'aggregator', 'gm', 'Aggregator of the client updates, '
                    + flag_groups.aggregator_help())
 flag_groups.define_aggregator_args_flag()

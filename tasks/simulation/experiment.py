@@ -12,11 +12,12 @@ Output directory layout (one run):
 Identity: config.json can be deleted or edited; the checkpoints cannot be told apart
 by their file names. So every checkpoint carries the run's configuration (without
 the keys a resumed run may change, such as `rounds`), and a checkpoint of another
-configuration is refused (`ConfigMismatchError`) whatever config.json says. Checkpoints
-of older versions carry none: they are resumed only while config.json, checked
-against the flags, vouches for them. A run with no finished round (no metrics row, no
-checkpoint: it failed or was killed in round 0) is not a run yet: other flags start
-it afresh.
+configuration is refused (`ConfigMismatchError`) whatever config.json says, before
+metrics.csv is compared with it. Checkpoints of older versions carry none: they are
+resumed only while config.json, checked against the flags, vouches for them. A run
+with no finished round (no metrics row, no checkpoint: it failed or was killed in
+round 0) is not a run yet: other flags start it afresh. A run is never shortened:
+fewer `rounds` than its checkpoints hold is refused.
 
 Resume semantics (why the order below matters): round r's metrics row is released
 *before* the checkpoint of version r + 1 is saved, and both writes are atomic (the
@@ -27,7 +28,9 @@ round v's row with key v first removes every row with key ≥ v that the killed 
 have written: no round is lost or repeated. The TensorBoard values of steps ≥ v are
 removed from the event files too, so every step has one value.
 
-Damaged files (`RunFileError`): a resumed run loads the newest *readable* checkpoint
+Damaged files (`RunFileError`): a missing metrics.csv beside checkpoints is rebuilt
+by rerunning the rounds from round 0 (the same rows and checkpoints). A resumed run
+loads the newest *readable* checkpoint
 (the manager keeps the first and the two latest) and moves the unreadable newer ones
 to `checkpoints/unreadable_round_<v>`; the rows after the one it resumes from are
 rewritten as above. A cut-off last metrics row (a kill in the middle of an append, by
@@ -90,15 +93,31 @@ RESUMABLE_KEYS = ('rounds', 'eval_period')
 # `tasks.simulation.loop.Simulation`) and the aggregator's `aggregator/...`.
 DOCUMENTED_COLUMNS = (ROUND_COLUMN, 'train_loss', 'secure_average_calls',
                       'cumulative_secure_average_calls', 'test_accuracy', 'test_loss')
+# Metrics that stop the run when not finite, as a non-finite model does. Not
+# train_accuracy: a model without an accuracy metric reports NaN there.
+FINITE_METRICS = ('train_loss', 'test_loss', 'test_accuracy')
 
 
 class NonFiniteStateError(RuntimeError):
-  """A round produced a non-finite model or too few finite client updates to
-  aggregate; the finished rounds are kept."""
+  """A round produced a non-finite model, non-finite losses or accuracy
+  (`FINITE_METRICS`), or too few finite client updates to aggregate; the finished
+  rounds are kept."""
 
 
 class ConfigMismatchError(ValueError):
-  """The output directory holds a run with a different configuration."""
+  """The output directory holds a run with a different configuration.
+
+  The message is one line: the problem, then the fix.
+
+  Attributes:
+    problem: What differs (the keys and values, or the rounds).
+    fix: What the user can do.
+  """
+
+  def __init__(self, problem: str, fix: str):
+    self.problem = problem
+    self.fix = fix
+    super().__init__(f'{problem}. {fix}')
 
 
 class RunFileError(RuntimeError):
@@ -161,8 +180,8 @@ def check_config(output_dir: str, config: Mapping[str, Any],
       return True
     if finished:
       raise ConfigMismatchError(
-          f'{output_dir} holds a run with a different configuration ({changes}). Use '
-          'the same flags to resume it, or another --experiment_name / output '
+          f'{output_dir} holds a run with a different configuration ({changes})',
+          'Use the same flags to resume it, or another --experiment_name / output '
           'directory.')
   elif finished:
     return False
@@ -396,8 +415,25 @@ def _check_identity(checkpoints_dir: str, resumption: _Resumption, identity: str
   raise ConfigMismatchError(
       f'{path} is a checkpoint of a run with a different configuration ({changes}'
       f'fingerprint {identity_fingerprint(resumption.identity)}, these flags '
-      f'{identity_fingerprint(identity)}): it is not resumed. Use that run\'s flags '
-      'to resume it, or another --experiment_name / output directory.')
+      f'{identity_fingerprint(identity)}): it is not resumed',
+      f'Use that run\'s flags to resume it; if it does not belong to this run, move '
+      f'{path} out of {checkpoints_dir} (this run\'s own checkpoints stay); or use '
+      'another --experiment_name / output directory.')
+
+
+def _check_not_shortened(output_dir: str, finished: int, rounds: int) -> None:
+  """Refuses `rounds` below the rounds the run's checkpoints hold: its later rounds
+  are kept, not dropped, and "finished `rounds` rounds" would misreport them.
+
+  Raises:
+    ConfigMismatchError: naming both numbers and the fix.
+  """
+  if finished > rounds:
+    raise ConfigMismatchError(
+        f'{output_dir} holds a run of {finished} finished rounds, more than '
+        f'--rounds={rounds}: a run is not shortened (its rounds are kept)',
+        f'Pass --rounds={finished} (or more, to extend it), or another '
+        '--experiment_name / output directory for a shorter run.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -439,10 +475,16 @@ def _checked_metrics(path: str, finished: int) -> _MetricsFile:
     RunFileError: when the file is unreadable, has no `round` column, a finished
       round's row is damaged, missing or repeated with other values.
   """
-  restore = (f'Restore it from a backup, or delete the run\'s directory '
-             f'{os.path.dirname(path) or "."} to rerun it from round 0')
+  restore = ('Restore it from a backup, or delete it: the run then rebuilds it by '
+             'rerunning its checkpointed rounds from round 0 (the same rows)')
   if not os.path.lexists(path):
-    return _MetricsFile(path, None)
+    if not finished:
+      return _MetricsFile(path, None)
+    # Rounds are seeded by their number: rerun from the initial model, they write
+    # the same rows (and checkpoints) again.
+    return _MetricsFile(path, None, (
+        f'{path}: missing, while the checkpoints hold rounds 0..{finished - 1}; '
+        'rebuilding it by rerunning them from round 0 (the same rows).',), 0)
   try:
     with open(path, encoding='utf-8', newline='') as f:
       lines = f.read().splitlines(keepends=True)
@@ -493,6 +535,14 @@ def _checked_metrics(path: str, finished: int) -> _MetricsFile:
         path, f'has no row for round(s) {listed}, which the checkpoint of round '
         f'{finished - 1} has finished', restore)
   return _MetricsFile(path, ''.join(kept) if repairs else None, tuple(repairs))
+
+
+def _non_finite_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
+  """The training and evaluation losses and accuracies of `row` that are not finite
+  (a model whose weights are finite yet too large to evaluate, e.g. at float32's
+  limit, is as broken as a non-finite one)."""
+  return {key: row[key] for key in FINITE_METRICS
+          if key in row and not np.isfinite(float(row[key]))}
 
 
 @contextlib.contextmanager
@@ -556,12 +606,11 @@ def _set_aside(checkpoints_dir: str, resumption: _Resumption,
 
 
 def _repair(metrics: _MetricsFile, log: Callable[[str], None]) -> None:
-  if metrics.text is None:
-    return
-  temporary = metrics.path + '.repair'
-  with open(temporary, 'w', encoding='utf-8', newline='') as f:
-    f.write(metrics.text)
-  os.replace(temporary, metrics.path)
+  if metrics.text is not None:
+    temporary = metrics.path + '.repair'
+    with open(temporary, 'w', encoding='utf-8', newline='') as f:
+      f.write(metrics.text)
+    os.replace(temporary, metrics.path)
   for repair in metrics.repairs:
     log(repair)
 
@@ -640,7 +689,7 @@ class _Resumed:
   state_manager: Any
 
 
-def _resume(simulation: loop.Simulation, output_dir: str,
+def _resume(simulation: loop.Simulation, output_dir: str, rounds: int,
             config: Optional[Mapping[str, Any]], resumable: tuple[str, ...],
             tensorboard: bool, log: Callable[[str], None]) -> _Resumed:
   """Checks `output_dir`'s files, then repairs what a kill (or an older version) left.
@@ -663,6 +712,10 @@ def _resume(simulation: loop.Simulation, output_dir: str,
   initial = simulation.initial_state()
   templates = (_checkpoint(initial, 0, identity), _checkpoint(initial, 0, None))
   resumption = _newest_readable_checkpoint(state_manager, checkpoints_dir, templates)
+  # Before metrics.csv is compared with it: another configuration's checkpoint says
+  # nothing about this run's rows.
+  _check_identity(checkpoints_dir, resumption, identity, config_recorded)
+  _check_not_shortened(output_dir, resumption.version, rounds)
   metrics_file = _checked_metrics(os.path.join(output_dir, METRICS_FILE),
                                   resumption.version)
   if metrics_file.rerun_from is not None:
@@ -670,7 +723,7 @@ def _resume(simulation: loop.Simulation, output_dir: str,
                                           at_most=metrics_file.rerun_from)
     resumption = dataclasses.replace(
         earlier, unreadable=resumption.unreadable + earlier.unreadable)
-  _check_identity(checkpoints_dir, resumption, identity, config_recorded)
+    _check_identity(checkpoints_dir, resumption, identity, config_recorded)
 
   if not config_recorded:
     _write_config(output_dir, _canonical(config))
@@ -732,13 +785,14 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
     The number of finished rounds (= `rounds`).
 
   Raises:
-    NonFiniteStateError: when a round leaves a non-finite model (its metrics row is
-      written, its state is not checkpointed: the finished rounds stay resumable), or
+    NonFiniteStateError: when a round leaves a non-finite model or a non-finite
+      value of `FINITE_METRICS` (its metrics row is written, its state is not
+      checkpointed: the finished rounds stay resumable), or
       when too few of its clients train to a finite update for the aggregator (no
       row: `loop.NonFiniteUpdatesError`).
     run_lock.RunLockedError: when another process owns `output_dir`.
     ConfigMismatchError: when `output_dir` holds a run with another `config`
-      (config.json's or its checkpoint's).
+      (config.json's or its checkpoint's), or more finished rounds than `rounds`.
     RunFileError: when a file of `output_dir` is unreadable or inconsistent and the
       run cannot resume around it (see the module docstring); nothing is written.
   """
@@ -746,8 +800,8 @@ def run_experiment(simulation: loop.Simulation, output_dir: str,
     raise ValueError('rounds, eval_period and checkpoint_period must be ≥ 1, got '
                      f'{rounds}, {eval_period}, {checkpoint_period}.')
   with run_lock.owned(output_dir):
-    resumed = _resume(simulation, output_dir, config, resumable_changes, tensorboard,
-                      log)
+    resumed = _resume(simulation, output_dir, rounds, config, resumable_changes,
+                      tensorboard, log)
     on_checkpoint(resumed.start)
     _train(simulation, output_dir, resumed, rounds, eval_period, progress,
            tensorboard, description, checkpoint_period, on_checkpoint)
@@ -791,13 +845,16 @@ def _train(simulation: loop.Simulation, output_dir: str, resumed: _Resumed,
       for path, releaser in releasers.items():
         with _written(path, round_num):
           _run(releaser.release(row, key=round_num))
-      if not finite:
+      non_finite = _non_finite_metrics(row)
+      if not finite or non_finite:
+        what = 'a non-finite model' if not finite else (
+            'a model whose ' + ', '.join(f'{k}={v}' for k, v in non_finite.items())
+            + ' is not finite')
         raise NonFiniteStateError(
-            f'Round {round_num} produced a non-finite model (train_loss='
-            f'{row["train_loss"]}); stopped. Rounds 0..{round_num - 1} are checkpointed '
-            f'in {output_dir} and the metrics of round {round_num} are in '
-            f'{METRICS_FILE} for diagnosis. Lower the client learning rate or choose a '
-            'robust aggregator.')
+            f'Round {round_num} produced {what} (train_loss={row["train_loss"]}); '
+            f'stopped. Rounds 0..{round_num - 1} are checkpointed in {output_dir} and '
+            f'the metrics of round {round_num} are in {METRICS_FILE} for diagnosis. '
+            'Lower the client learning rate or choose a robust aggregator.')
       if (round_num + 1) % checkpoint_period == 0 or round_num == rounds - 1:
         with _written(checkpoints_dir, round_num):
           _run(resumed.state_manager.save(

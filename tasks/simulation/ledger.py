@@ -91,15 +91,32 @@ def _entries(path: str, lines: list[str]) -> dict[Key, Entry]:
         raise ValueError(f'{len(FIELDS)} columns expected')
       if not row['run'] or not row['fingerprint']:
         raise ValueError('empty run name or fingerprint')
-      entry = Entry(final_accuracy=float(row['final_accuracy']),
+      entry = Entry(final_accuracy=_accuracy(row['final_accuracy']),
                     diverged=_boolean(row['diverged']),
-                    secure_average_calls_per_round=float(
+                    secure_average_calls_per_round=_calls(
                         row['secure_average_calls_per_round']))
     except ValueError as e:
       raise LedgerError(f'{path}: line {reader.line_num} is malformed ({e}). '
                         f'{_fix(path)}') from e
     entries[(row['run'], row['fingerprint'])] = entry
   return entries
+
+
+def _accuracy(text: str) -> float:
+  """A final accuracy: in [0, 1], or NaN for a run that never evaluated."""
+  value = float(text)
+  if not (math.isnan(value) or 0.0 <= value <= 1.0):
+    raise ValueError(f'final_accuracy must be in [0, 1] or nan, got {text!r}')
+  return value
+
+
+def _calls(text: str) -> float:
+  """Secure-average calls per round: finite and ≥ 0, or NaN for a run of no row."""
+  value = float(text)
+  if not (math.isnan(value) or 0.0 <= value < math.inf):
+    raise ValueError('secure_average_calls_per_round must be a finite number ≥ 0 or '
+                     f'nan, got {text!r}')
+  return value
 
 
 def _boolean(text: str) -> bool:

@@ -41,6 +41,16 @@ class RunLockedError(RuntimeError):
         'write one run')
 
 
+class RunDirectoryError(RuntimeError):
+  """The run directory cannot be created (a file is in its place, or in an
+  ancestor's); the message is one line naming the path and the fix."""
+
+  def __init__(self, path: str, problem: str):
+    self.path = path
+    super().__init__(f'{path}: {problem}. Move it away, or choose another run '
+                     'directory (--experiment_name / --root_output_dir / --output_dir)')
+
+
 def owner(directory: str) -> Optional[int]:
   """The pid written in `directory`'s lock file, or None."""
   try:
@@ -57,6 +67,7 @@ def owned(directory: str) -> Iterator[None]:
 
   Raises:
     RunLockedError: at once, without waiting, if another process holds it.
+    RunDirectoryError: if `directory` cannot be created.
   """
   key = os.path.realpath(directory)
   if key in _OWNED:
@@ -66,7 +77,7 @@ def owned(directory: str) -> Iterator[None]:
     finally:
       _OWNED[key] -= 1
     return
-  os.makedirs(directory, exist_ok=True)
+  _make_directory(directory)
   # Python opens files non-inheritable: a worker_binary started by this process
   # does not keep the lock alive after the owner dies.
   descriptor = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT,
@@ -85,3 +96,12 @@ def owned(directory: str) -> Iterator[None]:
       del _OWNED[key]
   finally:
     os.close(descriptor)  # Releases the flock.
+
+
+def _make_directory(directory: str) -> None:
+  if os.path.lexists(directory) and not os.path.isdir(directory):
+    raise RunDirectoryError(directory, 'is a file, not a directory')
+  try:
+    os.makedirs(directory, exist_ok=True)
+  except OSError as e:
+    raise RunDirectoryError(directory, f'cannot be created ({e.strerror or e})') from e

@@ -5,7 +5,11 @@ Every run is a `tasks.simulation.experiment` run in
 `<output_dir>/runs/<aggregator>_<attack>_rho<rho>_seed<seed>/` (metrics.csv,
 checkpoints, and once finished its ledger fingerprint, `FINGERPRINT`): a sweep
 restarted with the same flags skips finished runs and resumes an interrupted one, and
-skips the runs a ledger (`tasks.simulation.ledger`) it is given holds. ρ = 0 is run
+skips the runs a ledger (`tasks.simulation.ledger`) it is given holds. A run's
+identity is its whole configuration (`run_config`); a run is finished only when its
+`FINGERPRINT` is its fingerprint, and a directory holding a run of another
+identity (interrupted under other flags, or made by another command) is moved aside
+to `<run>.other-<digest>` and the run trained from round 0. ρ = 0 is run
 once per aggregator and seed (attack 'none') and shared by every attack's panel. The
 task data (client partition) is built once, with --data_seed; --seeds vary the model initialization, the corrupted set and the client
 sampling (RFA paper D.3: "repeated with different random seeds").
@@ -35,6 +39,7 @@ import csv
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -194,14 +199,14 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
     directory = run_dir(output_dir, run)
     label = f'[{index}/{len(runs)}] {run.name}'
     fingerprint = run_fingerprint(task, spec, run)
-    skipped = _why_skipped(directory, spec, run, fingerprint, recorded)
+    skipped = _why_skipped(directory, run, fingerprint, recorded)
     if skipped:
       log(f'{label}: {skipped}, skipped.')
       continue
     try:
       with run_lock.owned(directory):
         # Asked again as the owner: another sweep may have finished it meanwhile.
-        skipped = _why_skipped(directory, spec, run, fingerprint, recorded,
+        skipped = _why_skipped(directory, run, fingerprint, recorded,
                                owner=True)
         if skipped:
           log(f'{label}: {skipped}, skipped.')
@@ -217,7 +222,7 @@ def run_sweep(task, spec: SweepSpec, output_dir: str, progress: bool = True,
   return trained
 
 
-def _why_skipped(directory: str, spec: SweepSpec, run: Run, fingerprint: str,
+def _why_skipped(directory: str, run: Run, fingerprint: str,
                  recorded: Mapping[ledger.Key, ledger.Entry],
                  owner: bool = False) -> Optional[str]:
   """Why the run needs no training ('finished', ...), or None; as the directory's
@@ -229,26 +234,36 @@ def _why_skipped(directory: str, spec: SweepSpec, run: Run, fingerprint: str,
     if (run.name, fingerprint) in recorded:
       return 'in the ledger'
     if owner:
-      _set_aside(directory, stored)
+      _set_aside(directory, f'stale-{stored}')
     return None
-  if os.path.exists(os.path.join(directory, DIVERGED_MARKER)):
-    return 'diverged in an earlier session'
-  if stored == fingerprint or experiment.finished_rounds(directory) >= spec.rounds:
+  if stored == fingerprint:
+    if os.path.exists(os.path.join(directory, DIVERGED_MARKER)):
+      return 'diverged in an earlier session'
     return 'finished'
   if (run.name, fingerprint) in recorded:
     return 'in the ledger'
+  # No fingerprint: an interrupted run, one killed before its fingerprint was
+  # written, or one this sweep did not make. Its owner resumes it, and the identity
+  # check of `experiment.run_experiment` (config.json and every checkpoint) tells
+  # them apart: all rounds done, it writes the fingerprint; another configuration's
+  # is set aside (`_train_run`).
   return None
 
 
-def _set_aside(directory: str, stored_fingerprint: str) -> None:
-  """Moves the files of a run finished under another configuration out of the way
-  (kept, not deleted), so that this configuration trains from round 0 in its place.
-  The lock file stays: the directory remains this process's."""
-  stale = f'{directory}.stale-{stored_fingerprint}'
-  os.makedirs(stale, exist_ok=True)
+def _set_aside(directory: str, suffix: str) -> str:
+  """Moves the files of a run of another configuration to `<directory>.<suffix>`
+  (kept, not deleted), so that this configuration trains from round 0 in its place,
+  and returns that path. The lock file stays: the directory remains this process's."""
+  stale = f'{directory}.{suffix}'
+  for number in itertools.count(2):
+    if not os.path.lexists(stale):
+      break
+    stale = f'{directory}.{suffix}-{number}'  # Set aside before: both are kept.
+  os.makedirs(stale)
   for name in os.listdir(directory):
     if name != run_lock.LOCK_FILE:
       os.replace(os.path.join(directory, name), os.path.join(stale, name))
+  return stale
 
 
 def _run_cell(task, spec: SweepSpec, run: Run, directory: str, label: str,
@@ -295,11 +310,19 @@ def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,
   sim = loop.Simulation(task, factory, work, attack=run.attack,
                         attack_params=spec.attack_args.get(run.attack, {}),
                         rho=run.rho, seed=run.seed, **spec.simulation_kwargs)
+  train = functools.partial(
+      experiment.run_experiment, sim, directory, spec.rounds, spec.eval_period,
+      config=run_config(task, spec, run), progress=progress, tensorboard=False,
+      description=label, checkpoint_period=checkpoint_period)
   try:
-    experiment.run_experiment(sim, directory, spec.rounds, spec.eval_period,
-                              config=run_config(task, spec, run), progress=progress,
-                              tensorboard=False, description=label,
-                              checkpoint_period=checkpoint_period)
+    try:
+      train()
+    except experiment.ConfigMismatchError as e:
+      # Not this cell's run (other settings, or more rounds than the sweep's): kept
+      # beside it, and the cell trained from round 0.
+      stale = _set_aside(directory, f'other-{_fingerprint_of_files(directory)}')
+      log(f'{label}: {e.problem}. Moved it to {stale}; training this cell afresh.')
+      train()
   except experiment.NonFiniteStateError as e:
     log(f'{label}: {e}')
     with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:
@@ -341,9 +364,13 @@ def _mark_failed(directory: str, label: str, error: Exception,
 
 
 def _clear_failure(directory: str) -> None:
-  path = os.path.join(directory, FAILED_MARKER)
-  if os.path.exists(path):
-    os.remove(path)
+  """Removes the markers of an attempt that did not finish: a rerun writes them again
+  if it fails or diverges again (a DIVERGED without a fingerprint is a session killed
+  before it wrote one)."""
+  for marker in (FAILED_MARKER, DIVERGED_MARKER):
+    path = os.path.join(directory, marker)
+    if os.path.exists(path):
+      os.remove(path)
 
 
 def pending_runs(task, spec: SweepSpec, output_dir: str,
@@ -352,7 +379,7 @@ def pending_runs(task, spec: SweepSpec, output_dir: str,
   """The runs of `spec` that `run_sweep` would train (not finished, not in
   `recorded`)."""
   return [run for run in spec.runs() if not _why_skipped(
-      run_dir(output_dir, run), spec, run, run_fingerprint(task, spec, run),
+      run_dir(output_dir, run), run, run_fingerprint(task, spec, run),
       recorded or {})]
 
 
@@ -363,32 +390,41 @@ def failed_runs(spec: SweepSpec, output_dir: str) -> list[Run]:
 
 
 def run_config(task, spec: SweepSpec, run: Run) -> dict[str, Any]:
-  """The run's config.json: a restarted run must match it (`experiment.check_config`).
-  It names the revisions of the factories whose results changed (a checkpoint of an
-  older revision is not resumed, nor its ledger entry used)."""
+  """The run's identity, its config.json: everything that decides what its rounds
+  compute, which a restarted run must match (`experiment.run_experiment` checks it
+  against config.json and binds it to every checkpoint) and a finished run is
+  recognized by. It holds the run (its name: aggregator, worker momentum, attack, ρ,
+  seed), the task, the aggregator's and attack's arguments, the client work, the
+  simulation's settings (clients per round, the client learning-rate schedule,
+  evaluation size), the server optimizer, the local work (epochs, batch size, cap),
+  how the data was built (`Task.provenance`: source, client cap, data seed), the
+  partition (every client id with its example count), and the revisions of the
+  factories whose results changed (a checkpoint of an older revision is not
+  resumed, nor its ledger entry used). Not in it: the rounds and the evaluation
+  period, which a resumed run may change (they are in the fingerprint), and what only
+  says where files go or how progress shows."""
   config = dict(run=run.name, task=task.name,
                 aggregator_args=spec.aggregator_args.get(run.aggregator, {}),
                 attack_args=spec.attack_args.get(run.attack, {}),
                 **_client_work_config(spec),
                 **{k: v for k, v in spec.simulation_kwargs.items()
-                   if k != 'server_optimizer'})
+                   if k != 'server_optimizer'},
+                server_optimizer=_describe(spec.simulation_kwargs.get('server_optimizer')),
+                client_spec=dataclasses.asdict(task.client_spec),
+                data=dict(task.provenance), partition=_partition_digest(task))
   return registry.with_results_revisions(config, registry.aggregator_from_name(
       run.aggregator, assumed_byzantine_fraction=run.rho,
       **spec.aggregator_args.get(run.aggregator, {})))
 
 
 def run_fingerprint(task, spec: SweepSpec, run: Run) -> str:
-  """The run's ledger fingerprint: its config.json, the number of rounds and the
-  evaluation period (a diverged run's final accuracy is its last evaluation), the
-  server optimizer, the local work (epochs, batch size, cap), how the data was built
-  (`Task.provenance`), the partition (every client id with its example count) and
-  `FINGERPRINT_VERSION`."""
-  config = dict(
+  """The run's ledger fingerprint: its identity (`run_config`), the number of rounds
+  and the evaluation period (a diverged run's final accuracy is its last evaluation)
+  and `FINGERPRINT_VERSION` (the keys fingerprints have always held, so committed
+  ledgers keep their entries)."""
+  return ledger.fingerprint(dict(
       run_config(task, spec, run), rounds=spec.rounds, eval_period=spec.eval_period,
-      server_optimizer=_describe(spec.simulation_kwargs.get('server_optimizer')),
-      client_spec=dataclasses.asdict(task.client_spec), data=dict(task.provenance),
-      partition=_partition_digest(task), version=FINGERPRINT_VERSION)
-  return ledger.fingerprint(config)
+      version=FINGERPRINT_VERSION))
 
 
 def _partition_digest(task) -> str:
@@ -422,6 +458,16 @@ def finished_entries(task, spec: SweepSpec,
     if _stored_fingerprint(directory) == fingerprint:
       entries[(run.name, fingerprint)] = _entry(directory)
   return entries
+
+
+def _fingerprint_of_files(directory: str) -> str:
+  """A short digest of a run directory's config.json (or 'unknown'), naming where
+  a run of another configuration is set aside."""
+  try:
+    with open(os.path.join(directory, experiment.CONFIG_FILE), 'rb') as f:
+      return hashlib.sha256(f.read()).hexdigest()[:12]
+  except OSError:
+    return 'unknown'
 
 
 def _stored_fingerprint(directory: str) -> Optional[str]:

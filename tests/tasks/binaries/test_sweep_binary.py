@@ -2,6 +2,7 @@
 the table, headed by the command and its time, and every plot; a rerun trains
 nothing and says so. The sweep binaries refuse bad flags before training."""
 
+import json
 import os
 import re
 import subprocess
@@ -87,3 +88,100 @@ def test_bad_flags_stop_the_sweep_binaries_before_training(bad_flag_results, cas
   assert re.search(_BAD_FLAGS[case][2], result.stderr), result.stderr[-2000:]
   assert 'Traceback' not in result.stderr
   assert not output_dir.exists()
+
+
+# A cell's identity from the sweep binary's flags (`flag_groups.run_config`'s
+# counterpart for sweeps, `sweep.run_config`): each case is (flags of both command
+# lines, the changed flags), and must change the identity of the grid's first cell.
+_IDENTITY_CASES = {
+    'num_clients': ([], ['--num_clients=5']),
+    'local_epochs': ([], ['--local_epochs=2']),
+    'batch_size': ([], ['--batch_size=20']),
+    'max_elements': ([], ['--max_elements=7']),
+    'clients_per_round': ([], ['--clients_per_round=4']),
+    'client_learning_rate': ([], ['--client_learning_rate=0.5']),
+    'client_lr_decay': ([], ['--client_lr_decay=0.5']),
+    'client_lr_decay_period': ([], ['--client_lr_decay_period=10']),
+    'server_learning_rate': ([], ['--server_learning_rate=0.5']),
+    'server_momentum': ([], ['--server_momentum=0.9']),
+    'eval_max_examples': ([], ['--eval_max_examples=50']),
+    'data_seed': ([], ['--data_seed=1']),
+    'aggregator_args': ([], ['--aggregator_args=num_communication_passes=2']),
+    'attack_args': ([], ['--attack_args=z=1.5']),
+    'model': ([], ['--model=small_cnn']),
+    'client_work': ([], ['--client_work=ditto']),
+    'ditto_lambda': (['--client_work=ditto'], ['--ditto_lambda=0.5']),
+    'personal_steps': (['--client_work=ditto'], ['--personal_steps=2']),
+    'personal_learning_rate': (['--client_work=ditto'],
+                               ['--personal_learning_rate=0.5']),
+}
+# The sweep binary's other run flags: the ones that choose the grid's cells (a cell's
+# name holds them), the ones a resumed run may change (in the fingerprint), and the
+# data source flags (in the task's provenance; tests/tasks/simulation/test_sweep.py).
+_CHOOSE_CELLS = ('task', 'aggregators', 'attacks', 'rhos', 'seeds', 'worker_momenta')
+_FINGERPRINT_ONLY = ('rounds', 'eval_period')
+_IN_THE_PROVENANCE = ('data_source', 'data_dir')
+_IDENTITY_CODE = '''
+import json, sys
+from absl import flags
+from tasks.binaries import sweep as binary
+from tasks.binaries import flag_groups
+from tasks.simulation import experiment, sweep
+FLAGS = flags.FLAGS
+cases = json.loads(sys.argv[1])
+base = ['--data_source=synthetic', '--aggregators=gm', '--attacks=alie', '--rhos=0.25',
+        '--seeds=0', '--rounds=2', '--clients_per_round=3']
+
+def identity(extra):
+  FLAGS.unparse_flags()
+  FLAGS(['sweep'] + base + extra)
+  spec = flag_groups.sweep_spec_from_flags()
+  task = flag_groups.task_from_flags(FLAGS.data_seed)
+  return experiment.run_identity(sweep.run_config(task, spec, spec.runs()[0]))
+
+print(json.dumps(dict(
+    run_flags=flag_groups._RUN_FLAGS,
+    changed={name: identity(both) != identity(both + changed)
+             for name, (both, changed) in cases.items()})))
+'''
+
+
+def test_every_sweep_flag_that_changes_a_number_is_in_a_cells_identity():
+  result = subprocess.run(
+      [sys.executable, '-c', _IDENTITY_CODE, json.dumps(_IDENTITY_CASES)], cwd=_REPO,
+      capture_output=True, text=True, timeout=900, env=processes.quiet_env())
+  assert result.returncode == 0, result.stderr[-3000:]
+  found = json.loads(result.stdout.strip().splitlines()[-1])
+  assert [name for name, changed in found['changed'].items() if not changed] == []
+  # A new run flag must be placed in one of these groups (and tested).
+  assert sorted(found['run_flags']) == sorted(
+      [*_IDENTITY_CASES, *_CHOOSE_CELLS, *_FINGERPRINT_ONLY, *_IN_THE_PROVENANCE])
+
+
+def _cell_dir(output_dir):
+  return output_dir / 'runs' / 'mean_none_rho0_seed0'
+
+
+def test_an_interrupted_sweep_resumed_with_other_flags_trains_the_cell_afresh(
+    tmp_path):
+  # Killed after round 0 of 2 (no fingerprint yet), then rerun with another
+  # --server_learning_rate: the cell must be a clean run of the new flags.
+  flags = ['--data_source=synthetic', '--aggregators=mean', '--attacks=omniscient',
+           '--rhos=0', '--seeds=0', '--clients_per_round=3', '--noprogress']
+  interrupted, clean = tmp_path / 'interrupted', tmp_path / 'clean'
+  first, = command_lines.run_each('tasks.binaries.sweep', [
+      [*flags, '--rounds=1', f'--output_dir={interrupted}']])
+  assert first.returncode == 0, first.stderr[-3000:]
+  os.remove(_cell_dir(interrupted) / 'FINGERPRINT')
+  resumed, reference = command_lines.run_each('tasks.binaries.sweep', [
+      [*flags, '--rounds=2', '--server_learning_rate=0.5', f'--output_dir={dir_}']
+      for dir_ in (interrupted, clean)])
+  for result in (resumed, reference):
+    assert result.returncode == 0, result.stderr[-3000:]
+  assert re.search(r'mean_none_rho0_seed0: .*server_optimizer: .* Moved it to '
+                   r'.*mean_none_rho0_seed0\.other-\w+; training this cell afresh',
+                   resumed.stderr), resumed.stderr[-3000:]
+  metrics = [(_cell_dir(d) / 'metrics.csv').read_text() for d in (interrupted, clean)]
+  assert metrics[0] == metrics[1]
+  fingerprints = [(_cell_dir(d) / 'FINGERPRINT').read_text() for d in (interrupted, clean)]
+  assert fingerprints[0] == fingerprints[1]

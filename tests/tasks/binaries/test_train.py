@@ -154,6 +154,16 @@ class TrainTest(parameterized.TestCase):
       ('root_output_dir_is_a_file', dict(root_output_dir=os.path.abspath(__file__)),
        '--root_output_dir=.*is a file'),
       ('client_work', dict(client_work='fedprox'), 'client_work'),
+      ('experiment_name_climbing_out', dict(experiment_name='../elsewhere'),
+       "--experiment_name='../elsewhere' is not a directory inside --root_output_dir"),
+      ('experiment_name_climbing_out_later', dict(experiment_name='a/../../b'),
+       '--experiment_name=.* is not a directory inside'),
+      ('experiment_name_absolute', dict(experiment_name='/tmp/elsewhere'),
+       '--experiment_name=.* is not a directory inside'),
+      ('experiment_name_parent', dict(experiment_name='..'),
+       '--experiment_name=.* is not a directory inside'),
+      ('experiment_name_root_itself', dict(experiment_name='.'),
+       '--experiment_name=.* is not a directory inside'),
       ('worker_connect_timeout', dict(worker_connect_timeout='0'),
        '--worker_connect_timeout must be a finite number of seconds > 0'),
       ('worker_unavailable_timeout', dict(worker_unavailable_timeout='-1'),
@@ -166,6 +176,12 @@ class TrainTest(parameterized.TestCase):
       FLAGS.unparse_flags()
       with self.assertRaisesRegex(flags.Error, expected):
         FLAGS(_argv(**values))
+
+  def test_an_experiment_name_may_name_a_subdirectory(self):
+    with flagsaver.flagsaver():
+      FLAGS.unparse_flags()
+      FLAGS(_argv(experiment_name='study/run_1'))
+      self.assertEqual(FLAGS.experiment_name, 'study/run_1')
 
   def test_attack_args_reach_the_chosen_attack_only(self):
     with flagsaver.flagsaver():

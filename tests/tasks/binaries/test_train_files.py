@@ -149,6 +149,54 @@ class TrainFilesTest(parameterized.TestCase):
     self.assertEqual(_metrics_lines(run_dir)[:len(finished)], finished)
     self.assertLen(_metrics_lines(run_dir), _FINISHED + 2)
 
+  def test_a_run_directory_that_is_a_file_exits_2_naming_it(self):
+    root = tempfile.mkdtemp(dir=self.root)
+    path = os.path.join(root, 'run')
+    with open(path, 'w') as f:
+      f.write('not a run')
+    status, stderr = _train_in_process(rounds=1, root_output_dir=root, **_RUN)
+    self.assertEqual(status, exit_status.BAD_FILE, stderr)
+    self._assert_one_error_line_naming(stderr, f'{path}: is a file, not a directory. '
+                                       'Move it away')
+
+  def test_fewer_rounds_than_finished_exit_1_keeping_every_round(self):
+    root = self._copy_of_finished_run()
+    run_dir = os.path.join(root, 'run')
+    before = _metrics_lines(run_dir)
+    status, stderr = _train_in_process(rounds=1, root_output_dir=root, **_RUN)
+    self.assertEqual(status, exit_status.FLAGS_OR_OTHER_RUN, stderr)
+    self._assert_one_error_line_naming(
+        stderr, f'{run_dir} holds a run of {_FINISHED} finished rounds, more than '
+        f'--rounds=1')
+    self.assertNotIn('Finished', stderr)
+    self.assertEqual(_metrics_lines(run_dir), before)
+
+  def test_a_deleted_metrics_csv_is_rebuilt(self):
+    root = self._copy_of_finished_run()
+    run_dir = os.path.join(root, 'run')
+    finished = _metrics_lines(run_dir)
+    os.remove(os.path.join(run_dir, experiment.METRICS_FILE))
+    shutil.rmtree(run_files.checkpoint(run_dir, 1))  # Only the latest two kept.
+    status, stderr = _train_in_process(rounds=_FINISHED + 1, root_output_dir=root,
+                                       **_RUN)
+    self.assertEqual(status, 0, stderr)
+    self.assertIn('metrics.csv: missing, while the checkpoints hold rounds 0..2; '
+                  'rebuilding it', stderr)
+    self.assertEqual(_metrics_lines(run_dir)[:len(finished)], finished)
+    self.assertLen(_metrics_lines(run_dir), _FINISHED + 2)
+
+  def test_a_model_whose_evaluation_is_nan_exits_2(self):
+    # Client lr 1e38 with the mean: finite weights at float32's limit, NaN test loss.
+    root = tempfile.mkdtemp(dir=self.root)
+    status, stderr = _train_in_process(
+        rounds=4, root_output_dir=root,
+        **dict(_RUN, aggregator='mean', attack='none', rho=0,
+               client_learning_rate='1e38'))
+    self.assertEqual(status, exit_status.NON_FINITE, stderr)
+    self._assert_one_error_line_naming(stderr, 'produced a model whose test_loss=nan '
+                                       'is not finite')
+    self.assertNotIn('Finished', stderr)
+
   def test_a_run_stopped_in_round_0_takes_the_corrected_flags(self):
     root = tempfile.mkdtemp(dir=self.root)
     with mock.patch.object(loop.Simulation, 'run_round', side_effect=KeyboardInterrupt):

@@ -348,6 +348,77 @@ class ExperimentFilesTest(parameterized.TestCase):
     self.assertTrue(raised.exception.fix)
     self.assertEqual(_snapshot(directory), before)
 
+  @parameterized.named_parameters(('every_checkpoint_kept', ()),
+                                  ('only_round_1_kept', (2, 3)),
+                                  ('only_round_3_kept', (1, 2)))
+  def test_a_deleted_metrics_csv_is_rebuilt_by_rerunning_the_rounds(self, removed):
+    directory = self._copy_of_finished_run()
+    os.remove(os.path.join(directory, experiment.METRICS_FILE))
+    for version in removed:
+      shutil.rmtree(run_files.checkpoint(directory, version))
+    messages = []
+    _run(self.simulation, directory, _ROUNDS, log=messages.append)
+    kept = max({1, 2, 3} - set(removed))
+    self.assertRegex(messages[0], f'metrics.csv: missing, while the checkpoints hold '
+                     f'rounds 0..{kept - 1}; rebuilding it by rerunning them from '
+                     'round 0')
+    self._assert_equals_the_uninterrupted_run(directory)
+
+  @parameterized.named_parameters(('test_loss', 'evaluate', 'test_loss', 'nan'),
+                                  ('train_loss', 'run_round', 'train_loss', 'inf'))
+  def test_a_non_finite_metric_stops_the_run_as_a_non_finite_model_does(
+      self, method, metric, value):
+    # E.g. weights finite but at float32's limit (client lr 1e38 with the mean): the
+    # test loss overflows to NaN while every weight is finite.
+    directory = os.path.join(self.root, f'non_finite_{metric}')
+    original = getattr(self.simulation, method)
+
+    def broken_in_round_1(*args):
+      result = original(*args)
+      metrics = result[1] if method == 'run_round' else result
+      if (args[1] if method == 'run_round' else broken_in_round_1.round) == 1:
+        metrics[metric] = float(value)
+      broken_in_round_1.round += method == 'evaluate'
+      return result
+
+    broken_in_round_1.round = 0
+    with mock.patch.object(self.simulation, method, broken_in_round_1):
+      with self.assertRaisesRegex(
+          experiment.NonFiniteStateError,
+          f'Round 1 produced a model whose {metric}={value} is not finite'):
+        _run(self.simulation, directory, _ROUNDS)
+    self.assertEqual(
+        os.listdir(os.path.join(directory, experiment.CHECKPOINTS_DIR)), ['round_1'])
+    self.assertLen(_rows(directory), 2)  # Round 1's, for diagnosis.
+
+  def test_a_newer_checkpoint_of_another_configuration_is_named_as_such(self):
+    # Refused from its identity file, unloaded; metrics.csv, which has no row for it,
+    # is not blamed, and the fix does not delete the healthy run.
+    directory = self._copy_of_finished_run()
+    foreign = run_files.checkpoint(directory, _FINISHED + 1)
+    shutil.copytree(run_files.checkpoint(directory, _FINISHED), foreign)
+    with open(os.path.join(foreign, 'run_identity.json'), 'w') as f:
+      f.write(experiment.run_identity({'run': 'other'}))
+    before = _snapshot(directory)
+    with self.assertRaisesRegex(
+        experiment.ConfigMismatchError,
+        f"round_4 is a checkpoint of a run with a different configuration \\(run: "
+        f"'other' → 'test'.* move {foreign} out of") as raised:
+      _run(self.simulation, directory, _ROUNDS + 1)
+    self.assertNotIn(experiment.METRICS_FILE, str(raised.exception))
+    self.assertNotIn('delete', str(raised.exception))
+    self.assertEqual(_snapshot(directory), before)
+
+  def test_fewer_rounds_than_finished_are_refused(self):
+    directory = self._copy_of_finished_run()
+    before = _snapshot(directory)
+    with self.assertRaisesRegex(
+        experiment.ConfigMismatchError,
+        f'holds a run of {_FINISHED} finished rounds, more than --rounds=2: a run is '
+        f'not shortened .* Pass --rounds={_FINISHED}'):
+      _run(self.simulation, directory, 2)
+    self.assertEqual(_snapshot(directory), before)
+
   def test_config_that_is_not_an_object_is_named(self):
     directory = self._copy_of_finished_run()
     with open(os.path.join(directory, experiment.CONFIG_FILE), 'w') as f:

@@ -74,6 +74,17 @@ class LedgerTest(parameterized.TestCase):
       ('cut_row', ','.join(ledger.FIELDS) + '\nx,abc,0.5,0,1\ny,abd,0.5\n', 'line 3'),
       ('no_name', ','.join(ledger.FIELDS) + '\n,abc,0.5,0,1\n', 'line 2'),
       ('extra_column', ','.join(ledger.FIELDS) + '\nx,abc,0.5,0,1,7\n', 'line 2'),
+      # Values no run can have: ranked on a leaderboard page they would lead it.
+      ('accuracy_above_1', ','.join(ledger.FIELDS) + '\nx,abc,7.5,0,1\n',
+       r'line 2 is malformed \(final_accuracy must be in \[0, 1\]'),
+      ('negative_accuracy', ','.join(ledger.FIELDS) + '\nx,abc,-0.3,0,1\n',
+       'line 2 .*final_accuracy'),
+      ('infinite_accuracy', ','.join(ledger.FIELDS) + '\nx,abc,inf,0,1\n',
+       'line 2 .*final_accuracy'),
+      ('negative_calls', ','.join(ledger.FIELDS) + '\nx,abc,0.5,0,-1\n',
+       'line 2 .*secure_average_calls_per_round'),
+      ('infinite_calls', ','.join(ledger.FIELDS) + '\nx,abc,0.5,0,inf\n',
+       'line 2 .*secure_average_calls_per_round'),
   )
   def test_a_damaged_ledger_names_the_file_the_line_and_the_fix(self, text, line):
     path = os.path.join(self._directory(), 'ledger.csv')

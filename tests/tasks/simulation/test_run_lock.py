@@ -44,3 +44,18 @@ def test_the_owner_may_enter_again(tmp_path):
     with open(os.path.join(directory, run_lock.LOCK_FILE)) as f:
       with pytest.raises(BlockingIOError):
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@pytest.mark.parametrize('inside', [False, True], ids=['is_a_file', 'under_a_file'])
+def test_a_run_directory_that_is_a_file_is_named_in_one_line(tmp_path, inside):
+  path = tmp_path / 'run'
+  path.write_text('not a run')
+  directory = str(path / 'sub' if inside else path)
+  with pytest.raises(run_lock.RunDirectoryError) as raised:
+    with run_lock.owned(directory):
+      pass
+  message = str(raised.value)
+  assert message.startswith(f'{directory}: ')
+  assert ('cannot be created' if inside else 'is a file, not a directory') in message
+  assert 'Move it away' in message and '\n' not in message
+  assert path.read_text() == 'not a run'

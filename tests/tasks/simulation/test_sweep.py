@@ -12,9 +12,11 @@ from unittest import mock
 from absl.testing import parameterized
 import numpy as np
 import pytest
+import tensorflow_federated as tff
 
 from tasks import builders
 from tasks import registry
+from tasks.simulation import experiment
 from tasks.simulation import ledger
 from tasks.simulation import loop
 from tasks.simulation import sweep
@@ -146,7 +148,8 @@ class DivergenceSweepTest(parameterized.TestCase):
     self.addCleanup(shutil.rmtree, output_dir, ignore_errors=True)
     task = _task()
     # Krum refuses zero clients: the round that killed a whole leaderboard slice. The
-    # mean keeps the blown-up model (TFF's finalizer skips a non-finite aggregate).
+    # mean keeps the blown-up model (TFF's finalizer skips a non-finite aggregate):
+    # finite weights at float32's limit, whose test loss is NaN.
     spec = _spec(aggregators=['krum', 'mean'], attacks=['sign_flip'], rhos=[0.3],
                  seeds=[0], rounds=3)
     krum_run, mean_run = spec.runs()
@@ -157,22 +160,25 @@ class DivergenceSweepTest(parameterized.TestCase):
       trained = sweep.run_sweep(task, spec, output_dir, progress=False,
                                 log=messages.append, ledger_path=ledger_path)
     self.assertEqual(trained, 2)
-    self.assertLen(messages, 1)
+    self.assertLen(messages, 2)
     self.assertRegex(messages[0], krum_run.name + r': Round 1: only 0 of 3 clients '
                      r'.*diverged')
+    self.assertRegex(messages[1], mean_run.name + r': Round 1 produced a model whose '
+                     r'test_loss=nan is not finite')
     entries = {key[0]: entry for key, entry in ledger.read(ledger_path).items()}
     self.assertEqual({name: entry.diverged for name, entry in entries.items()},
-                     {krum_run.name: True, mean_run.name: False})
+                     {krum_run.name: True, mean_run.name: True})
     self.assertBetween(entries[krum_run.name].final_accuracy, 0.0, 1.0)  # Round 0's.
     self.assertLen(sweep.read_metrics(sweep.run_dir(output_dir, krum_run)), 1)
-    self.assertLen(sweep.read_metrics(sweep.run_dir(output_dir, mean_run)), 3)
+    # Round 1's row is kept for diagnosis; no later round was trained.
+    self.assertLen(sweep.read_metrics(sweep.run_dir(output_dir, mean_run)), 2)
 
     messages.clear()
     self.assertEqual(sweep.run_sweep(task, spec, output_dir, progress=False,
                                      log=messages.append), 0)
     self.assertEqual(messages, [
         f'[1/2] {krum_run.name}: diverged in an earlier session, skipped.',
-        f'[2/2] {mean_run.name}: finished, skipped.'])
+        f'[2/2] {mean_run.name}: diverged in an earlier session, skipped.'])
 
 
 @pytest.mark.slow  # Trains end to end: a sweep of training runs.
@@ -344,6 +350,142 @@ class AggregatorRevisionTest(parameterized.TestCase):
     self.assertEqual(registry.results_revisions(factory), expected)
 
 
+def _with_server_optimizer(spec, learning_rate, momentum=None):
+  return dataclasses.replace(spec, simulation_kwargs=dict(
+      spec.simulation_kwargs, server_optimizer=tff.learning.optimizers.build_sgdm(
+          learning_rate=learning_rate, momentum=momentum)))
+
+
+def _with_client_learning_rate(spec, learning_rate):
+  return dataclasses.replace(spec, simulation_kwargs=dict(
+      spec.simulation_kwargs, client_learning_rate=loop.StepSchedule(learning_rate)))
+
+
+class RunIdentityTest(parameterized.TestCase):
+  """A cell's identity (its config.json, bound to its checkpoints) holds every
+  setting that changes what its rounds compute."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.task = _task()
+    cls.spec = _with_server_optimizer(_spec(
+        aggregators=['gm'], attacks=['alie'], rhos=[0.25], seeds=[0], rounds=3), 1.0)
+
+  def _identity(self, task, spec):
+    return experiment.run_identity(sweep.run_config(task, spec, spec.runs()[0]))
+
+  @parameterized.named_parameters(
+      ('server_learning_rate', lambda t: t, lambda s: _with_server_optimizer(s, 0.5)),
+      ('server_momentum', lambda t: t, lambda s: _with_server_optimizer(s, 1.0, 0.9)),
+      ('client_learning_rate', lambda t: t,
+       lambda s: _with_client_learning_rate(s, 0.5)),
+      ('batch_size', lambda t: _task(batch_size=20), lambda s: s),
+      ('local_epochs', lambda t: builders.build_task(
+          'emnist', 'linear', source='synthetic', client_spec=builders.ClientSpec(2, 10)),
+       lambda s: s),
+      ('data_seed', lambda t: _task(seed=1), lambda s: s),
+      ('num_clients', lambda t: builders.build_task(
+          'emnist', 'linear', source='synthetic', client_spec=builders.ClientSpec(1, 10),
+          num_clients=5), lambda s: s),
+      ('data_source', lambda t: dataclasses.replace(
+          t, provenance=dict(t.provenance, source='bundled')), lambda s: s),
+      ('clients_per_round', lambda t: t, lambda s: dataclasses.replace(
+          s, simulation_kwargs=dict(s.simulation_kwargs, clients_per_round=4))),
+  )
+  def test_every_setting_that_changes_a_number_is_in_the_identity(self, task, spec):
+    self.assertNotEqual(self._identity(task(self.task), spec(self.spec)),
+                        self._identity(self.task, self.spec))
+
+  def test_rounds_and_evaluation_period_are_in_the_fingerprint_only(self):
+    for other in (dataclasses.replace(self.spec, rounds=5),
+                  dataclasses.replace(self.spec, eval_period=2)):
+      self.assertEqual(self._identity(self.task, other),
+                       self._identity(self.task, self.spec))
+      self.assertNotEqual(
+          sweep.run_fingerprint(self.task, other, other.runs()[0]),
+          sweep.run_fingerprint(self.task, self.spec, self.spec.runs()[0]))
+
+
+def _metrics_text(directory):
+  with open(os.path.join(directory, experiment.METRICS_FILE)) as f:
+    return f.read()
+
+
+@pytest.mark.slow  # Trains end to end: sweeps of training runs.
+class CellIdentitySweepTest(parameterized.TestCase):
+  """A cell without its fingerprint (interrupted, killed before writing it, or not
+  made by the sweep) is resumed only under its own identity."""
+
+  def setUp(self):
+    super().setUp()
+    self.output_dir = tempfile.mkdtemp(prefix='test_sweep_identity_')
+    self.addCleanup(shutil.rmtree, self.output_dir, ignore_errors=True)
+    self.task = _task()
+    self.spec = _with_server_optimizer(_spec(
+        aggregators=['mean'], attacks=['sign_flip'], rhos=[0.0], seeds=[0],
+        rounds=2), 1.0)
+    self.run = self.spec.runs()[0]
+    self.directory = sweep.run_dir(self.output_dir, self.run)
+
+  def _sweep(self, spec, output_dir=None, **kwargs):
+    messages = []
+    trained = sweep.run_sweep(self.task, spec, output_dir or self.output_dir,
+                              progress=False, log=messages.append, **kwargs)
+    return trained, messages
+
+  def _without_fingerprint(self, spec):
+    """The cell trained under `spec`, as a session killed before its fingerprint."""
+    self._sweep(spec)
+    os.remove(os.path.join(self.directory, sweep.FINGERPRINT_FILE))
+
+  def _clean_run(self, spec):
+    clean_dir = tempfile.mkdtemp(prefix='test_sweep_identity_clean_')
+    self.addCleanup(shutil.rmtree, clean_dir, ignore_errors=True)
+    self._sweep(spec, clean_dir)
+    return sweep.run_dir(clean_dir, self.run)
+
+  @parameterized.named_parameters(
+      # An interrupted cell (1 of 2 rounds) resumed with another server learning rate.
+      ('interrupted_server_learning_rate',
+       lambda s: dataclasses.replace(_with_server_optimizer(s, 0.5), rounds=1),
+       "server_optimizer: .*'_lr': 0.5"),
+      # A finished run of another client learning rate placed in the cell.
+      ('finished_client_learning_rate', lambda s: _with_client_learning_rate(s, 0.5),
+       'client_learning_rate: .*0.5'),
+      # More rounds than the sweep's: not shortened, not taken for this cell.
+      ('more_rounds', lambda s: dataclasses.replace(s, rounds=3), 'more than'),
+  )
+  def test_a_cell_of_other_settings_is_set_aside_and_trained(self, other, named):
+    self._without_fingerprint(other(self.spec))
+    trained, messages = self._sweep(self.spec)
+    self.assertEqual(trained, 1)
+    self.assertLen(messages, 1)
+    self.assertRegex(messages[0], f'{self.run.name}: .*{named}.* Moved it to '
+                     f'{self.directory}.other-\\w+; training this cell afresh')
+    stale = [n for n in os.listdir(os.path.dirname(self.directory)) if '.other-' in n]
+    self.assertLen(stale, 1)  # Kept, not deleted.
+    self.assertEqual(_metrics_text(self.directory),
+                     _metrics_text(self._clean_run(self.spec)))
+    self.assertEqual(sweep._stored_fingerprint(self.directory),  # pylint: disable=protected-access
+                     sweep.run_fingerprint(self.task, self.spec, self.run))
+
+  def test_a_cell_killed_before_its_fingerprint_is_recorded_without_training(self):
+    self._without_fingerprint(self.spec)
+    before = _metrics_text(self.directory)
+    ledger_path = os.path.join(self.output_dir, 'ledger.csv')
+    with mock.patch.object(loop.Simulation, 'run_round',
+                           side_effect=AssertionError('a round was trained')):
+      _, messages = self._sweep(self.spec, ledger_path=ledger_path)
+    self.assertEqual(messages, [])
+    self.assertEqual(_metrics_text(self.directory), before)
+    self.assertEqual(sweep._stored_fingerprint(self.directory),  # pylint: disable=protected-access
+                     sweep.run_fingerprint(self.task, self.spec, self.run))
+    self.assertEqual(list(ledger.read(ledger_path)),
+                     [(self.run.name, sweep.run_fingerprint(self.task, self.spec,
+                                                            self.run))])
+
+
 class StaleRunTest(parameterized.TestCase):
 
   def setUp(self):
@@ -363,7 +505,7 @@ class StaleRunTest(parameterized.TestCase):
       open(os.path.join(self.directory, sweep.DIVERGED_MARKER), 'w').close()
 
   def _why_skipped(self, fingerprint, owner=False):
-    return sweep._why_skipped(self.directory, self.spec, self.run, fingerprint, {},  # pylint: disable=protected-access
+    return sweep._why_skipped(self.directory, self.run, fingerprint, {},  # pylint: disable=protected-access
                               owner=owner)
 
   @parameterized.parameters(True, False)
