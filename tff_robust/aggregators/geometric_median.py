@@ -387,18 +387,13 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
           frozen_at=tf.where(newly_frozen, this_pass, frozen_at), passes=passes,
           relative_gradient=relative_gradient)
 
-    @tff.tensorflow.computation
-    def not_frozen():
-      return collections.OrderedDict(frozen=tf.constant(False),
-                                     frozen_at=tf.constant(0), passes=tf.constant(1))
-
     self._weight_from_norm = weight_from_norm
     self._weight_from_distance = weight_from_distance
     self._zero_value = zero_value
     self._weiszfeld_weight = weiszfeld_weight
     self._objective_term = objective_term
     self._advance = advance
-    self._not_frozen = not_frozen
+    self._not_frozen = _unfrozen_loop(passes_applied=1)
 
   def _define_trim(self, value_type):
     """The client and server computations of the trimmed start (`_spread_pass`,
@@ -443,11 +438,6 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     def radius(bucket, unit):
       return robust_scale.bucket_upper_edge(bucket, unit)
 
-    @tff.tensorflow.computation
-    def trim_applied():
-      return collections.OrderedDict(frozen=tf.constant(False),
-                                     frozen_at=tf.constant(0), passes=tf.constant(2))
-
     self._weighted_distance = weighted_distance
     self._mean_distance = mean_distance
     self._radius_histogram = radius_histogram
@@ -455,7 +445,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     self._restricted_weiszfeld_weight = restricted_weiszfeld_weight
     self._median_bucket = median_bucket
     self._radius = radius
-    self._trim_applied = trim_applied
+    self._trim_applied = _unfrozen_loop(passes_applied=2)
 
   def _define_floor_statistics(self, value_type, relative_nu):
     """The client and server computations of the relative ν (`smoothing`)."""
@@ -679,6 +669,18 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     return tff.templates.MeasuredProcessOutput(
         state=state, result=carry['center'],
         measurements=tff.federated_zip(measurements))
+
+
+def _unfrozen_loop(passes_applied: int):
+  """The computation of the freezing rule's state before any Weiszfeld step:
+  not frozen, with `passes_applied` passes applied."""
+
+  @tff.tensorflow.computation
+  def loop():
+    return collections.OrderedDict(frozen=tf.constant(False), frozen_at=tf.constant(0),
+                                   passes=tf.constant(passes_applied))
+
+  return loop
 
 
 def _warm_state(inner_state, previous_aggregate):
