@@ -111,8 +111,25 @@ from tff_robust.distributed import worker_network
 DEFAULT_MAX_MESSAGE_BYTES = 2_000_000_000
 # How long a worker may take to accept connections at start.
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 30.0
-# A worker that cannot be reached for this long is reported as failed (not retried).
+# A worker that cannot be reached, or answers no probe, for this long is reported as
+# failed (not retried).
 DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS = 10.0
+# Every RPC's deadline. It bounds a computation that never ends on a worker that
+# still answers; a stopped worker is found by the probes, not by it. An hour is over
+# 100 times the longest round measured here (50 ConvNet clients on 2 loaded cores).
+DEFAULT_CALL_TIMEOUT_SECONDS = 3600.0
+# How long a call waits for its answer before asking whether the worker still answers.
+PROBE_INTERVAL = 5.0
+# A method no worker serves: a live gRPC server answers UNIMPLEMENTED at once.
+_PROBE_METHOD = '/tff_robust.Probe/Probe'
+# HTTP/2 keepalive while calls are pending. At gRPC's default of 2 pings between data
+# frames, the worker_binary's ping policy (one ping per 5 minutes, 2 strikes) never
+# answers with GOAWAY "too_many_pings", which unlimited pings every 5 s did.
+KEEPALIVE_OPTIONS = (('grpc.keepalive_time_ms', 30_000),
+                     ('grpc.keepalive_timeout_ms', 20_000),
+                     ('grpc.keepalive_permit_without_calls', 0))
+# TFF's retryable codes (its stub's): the worker restarted or lost an executor.
+_RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 class WorkerError(RuntimeError):
@@ -121,6 +138,10 @@ class WorkerError(RuntimeError):
   def __init__(self, address: str, message: str):
     super().__init__(f'TFF worker {address}: {message}')
     self.address = address
+
+
+class _WorkerBack(tff.framework.RetryableError):
+  """A worker failed a call and is reachable again: TFF reruns its share."""
 
 
 worker_binary_path = worker_launcher.worker_binary_path
@@ -174,7 +195,8 @@ def check_credentials_needed(addresses, credentials) -> None:
 def _channel_options(max_message_bytes: int):
   return [('grpc.max_message_length', max_message_bytes),
           ('grpc.max_send_message_length', max_message_bytes),
-          ('grpc.max_receive_message_length', max_message_bytes)]
+          ('grpc.max_receive_message_length', max_message_bytes),
+          *KEEPALIVE_OPTIONS]
 
 
 def make_channel(address: str, credentials: Optional[Credentials] = None,
@@ -196,7 +218,7 @@ _HANDSHAKE_FAILURE_WORDS = ('ssl', 'tls', 'handshake', 'certificate', 'peer name
 
 def _connect_error(channel, deadline: float) -> str:
   """The details of a call that fails at once, as the channel cannot connect."""
-  probe = channel.unary_unary('/tff_robust.Probe/Probe')
+  probe = channel.unary_unary(_PROBE_METHOD)
   try:
     probe(b'', wait_for_ready=False,
           timeout=max(min(deadline - time.monotonic(), 10.0), 0.1))
@@ -245,17 +267,31 @@ def wait_until_ready(address: str, timeout: float,
 
 
 class _FailFastStub(tff.framework.RemoteExecutorStub):
-  """TFF's gRPC stub, but a worker that stays unreachable raises `WorkerError`.
+  """TFF's gRPC stub, but every call has a deadline and a worker that stays
+  unreachable, or stops answering, raises `WorkerError`.
 
   TFF's `AsyncExecutionContext` retries an UNAVAILABLE worker forever (backing off to
-  every 30 s), so a dead worker would hang the program silently. Here an RPC that
-  fails waits for the worker to come back until `unavailable_timeout` after the first
-  failure: if it does, the error stays retryable (TFF reruns that worker's share of
-  the call on fresh executor state); if not, `WorkerError` names the worker and is not
-  retried. The clock is the worker's, not the call's: the other calls of the failed
-  computation (TFF goes on running its sibling tasks) and the calls after it fail at
-  the same deadline, or at once after it, until the channel is ready again
-  (`DistributedContext.wait_until_connected`, or gRPC reconnecting on its own).
+  every 30 s), and TFF's stub sets no deadline, so a dead worker would hang the
+  program silently and a stopped one (SIGSTOP, a frozen machine: the connection
+  stays open) for good. Here:
+
+  - an RPC that fails as unavailable waits for the worker to come back until
+    `unavailable_timeout` after the first failure: if it does, the error stays
+    retryable (TFF reruns that worker's share of the call on fresh executor state);
+    if not, `WorkerError` names the worker and is not retried. The clock is the
+    worker's, not the call's: the other calls of the failed computation (TFF goes on
+    running its sibling tasks) and the calls after it fail at the same deadline, or
+    at once after it, until the channel is ready again
+    (`DistributedContext.wait_until_connected`, or gRPC reconnecting on its own);
+  - while an RPC waits for its answer, the worker is asked every `PROBE_INTERVAL`
+    seconds whether it still answers (an unknown method on a channel of its own, which
+    a live gRPC server refuses at once, however busy its executor is): a worker that
+    answers no probe for `unavailable_timeout` seconds has stopped; the call is
+    cancelled and raises `WorkerError`, within `PROBE_INTERVAL + unavailable_timeout`
+    of the stop. A slow worker still answers probes: how long a computation takes is
+    bounded by `call_timeout` only (every RPC's deadline);
+  - the channels send HTTP/2 keepalive pings (`KEEPALIVE_OPTIONS`) while calls are
+    pending, so a connection whose peer vanished without closing it is closed too.
 
   Freeing state on the worker (`dispose`, `dispose_executor`: TFF calls them when a
   call fails and when the context closes) never waits for it: one attempt, at most
@@ -264,22 +300,30 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
   that long again for every pending call and cached executor (issue 39).
   """
 
-  def __init__(self, address: str, channel, unavailable_timeout: float):
+  def __init__(self, address: str, channel, unavailable_timeout: float,
+               call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS,
+               probe_channel=None):
     self._address = address
     self._channel = channel
-    self._stub = tff.framework.RemoteExecutorGrpcStub(channel)
-    # The raw gRPC stub, for the freeing calls with a deadline.
+    # A connection of its own, so that a probe never queues behind a call's data.
+    self._probe_channel = probe_channel
     self._grpc_stub = executor_pb2_grpc.ExecutorGroupStub(channel)
     self._unavailable_timeout = unavailable_timeout
+    self._call_timeout = call_timeout
     # time.monotonic() of the first failed call since the worker was last reached.
     self._failing_since: Optional[float] = None
-    channel.subscribe(self._on_connectivity)
+    # Whether the worker answered no probe when last asked (stopped, not gone).
+    self._stopped = False
+    self._closed = False
+    self._ready = False
+    channel.subscribe(self._on_connectivity, try_to_connect=True)
     # Serialized bytes of every request and response: what crosses the network.
     self.bytes_sent = 0
     self.bytes_received = 0
 
   def _on_connectivity(self, state) -> None:
-    if state == grpc.ChannelConnectivity.READY:
+    self._ready = state == grpc.ChannelConnectivity.READY
+    if self._ready and not self._stopped:
       self.reached()
 
   def reached(self) -> None:
@@ -290,32 +334,103 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
   def failing(self) -> bool:
     return self._failing_since is not None
 
+  def close(self) -> None:
+    """No RPC after this one (the channels are closing): calls raise `WorkerError`
+    instead of gRPC's ValueError from a closed channel."""
+    self._closed = True
+    if self._probe_channel is not None:
+      self._probe_channel.close()
+
+  def answers(self, timeout: float) -> bool:
+    """Whether the worker's gRPC server answers a probe within `timeout` seconds."""
+    if self._probe_channel is None:
+      return True
+    probe = self._probe_channel.unary_unary(_PROBE_METHOD)
+    try:
+      probe(b'', timeout=timeout, wait_for_ready=True)
+    except grpc.RpcError as e:
+      # A live server refuses the unknown method; no answer, or no connection, in
+      # time is a worker that does not answer.
+      return isinstance(e, grpc.Call) and e.code() not in (
+          grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
+          grpc.StatusCode.CANCELLED)
+    except ValueError:  # The probe channel was closed meanwhile.
+      return False
+    return True
+
+  def _stopped_error(self, method: str, since: float) -> WorkerError:
+    self._stopped = True
+    if self._failing_since is None:
+      self._failing_since = since  # Nothing to free there: see `_free`.
+    return WorkerError(
+        self._address, f'stopped answering: no answer to {method} and none to a '
+        f'probe for {self._unavailable_timeout:g} s (is it stopped, or its machine '
+        'frozen?).')
+
+  def _await(self, method: str, future):
+    """`future`'s response, probing the worker while it is pending."""
+    while True:
+      try:
+        return future.result(timeout=PROBE_INTERVAL)
+      except grpc.FutureTimeoutError:
+        pass
+      asked = time.monotonic()
+      if not future.done() and not self.answers(self._unavailable_timeout):
+        if future.done():  # The answer came as the probe gave up.
+          continue
+        future.cancel()
+        raise self._stopped_error(method, asked)
+
   def _call(self, method: str, request):
+    if self._closed:
+      raise WorkerError(self._address, f'{method} after the driver closed its '
+                        'channel (the program is ending).')
+    if self._stopped:  # Stopped when last asked: only a probe says it is back.
+      asked = time.monotonic()
+      if not self.answers(self._unavailable_timeout):
+        raise self._stopped_error(method, asked)
+      self._stopped = False
+      self.reached()
+    rpc = getattr(self._grpc_stub, method)
     try:
       self.bytes_sent += request.ByteSize()
-      response = getattr(self._stub, method)(request)
+      response = self._await(method, rpc.future(request, timeout=self._call_timeout))
       self.bytes_received += response.ByteSize()
       self.reached()
       return response
-    except tff.framework.RetryableError as e:
-      if self._failing_since is None:
-        self._failing_since = time.monotonic()
-      remaining = self._failing_since + self._unavailable_timeout - time.monotonic()
-      try:
-        if remaining <= 0:
-          raise grpc.FutureTimeoutError()
-        grpc.channel_ready_future(self._channel).result(timeout=remaining)
-      except grpc.FutureTimeoutError:
-        raise WorkerError(
-            self._address, f'unreachable for {self._unavailable_timeout:g} s during '
-            f'{method} ({_grpc_details(e)}); did the worker stop?') from None
-      raise  # Back: TFF retries this worker's share.
     except grpc.RpcError as e:
-      raise WorkerError(self._address, f'{method} failed: {_grpc_details(e)}') from e
+      code = e.code() if isinstance(e, grpc.Call) else None
+      if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        raise WorkerError(
+            self._address, f'{method} did not finish within {self._call_timeout:g} s '
+            '(the calls\' deadline: --worker_call_timeout, call_timeout=) although '
+            'the worker answers; raise it for longer computations.') from None
+      if self._closed or code == grpc.StatusCode.CANCELLED:
+        raise WorkerError(self._address, f'{method} was cancelled (the driver is '
+                          'closing its channel).') from None
+      if code not in _RETRYABLE_CODES:
+        raise WorkerError(self._address, f'{method} failed: {_grpc_details(e)}') from e
+      self._wait_back(method, e)
+      raise _WorkerBack(e) from e  # Back: TFF retries this worker's share.
+
+  def _wait_back(self, method: str, error) -> None:
+    """Returns once the channel is ready again; `WorkerError` if it is not by
+    `unavailable_timeout` after the worker's first failure."""
+    if self._failing_since is None:
+      self._failing_since = time.monotonic()
+    remaining = self._failing_since + self._unavailable_timeout - time.monotonic()
+    try:
+      if remaining <= 0:
+        raise grpc.FutureTimeoutError()
+      grpc.channel_ready_future(self._channel).result(timeout=remaining)
+    except grpc.FutureTimeoutError:
+      raise WorkerError(
+          self._address, f'unreachable for {self._unavailable_timeout:g} s during '
+          f'{method} ({_grpc_details(error)}); did the worker stop?') from None
 
   def _free(self, method: str, request):
     """One attempt at a freeing call; None if the worker is away."""
-    if self.failing:
+    if self.failing or self._closed:
       return None
     try:
       self.bytes_sent += request.ByteSize()
@@ -328,24 +443,26 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
           e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)):
         self._failing_since = time.monotonic()  # Nothing left to free there.
       return None
+    except ValueError:  # The channel closed meanwhile (the program is ending).
+      return None
 
   def get_executor(self, request):
-    return self._call('get_executor', request)
+    return self._call('GetExecutor', request)
 
   def create_value(self, request):
-    return self._call('create_value', request)
+    return self._call('CreateValue', request)
 
   def create_struct(self, request):
-    return self._call('create_struct', request)
+    return self._call('CreateStruct', request)
 
   def create_call(self, request):
-    return self._call('create_call', request)
+    return self._call('CreateCall', request)
 
   def create_selection(self, request):
-    return self._call('create_selection', request)
+    return self._call('CreateSelection', request)
 
   def compute(self, request):
-    return self._call('compute', request)
+    return self._call('Compute', request)
 
   def dispose(self, request):
     return self._free('Dispose', request)
@@ -355,7 +472,7 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
 
   @property
   def is_ready(self) -> bool:
-    return self._stub.is_ready
+    return self._ready
 
 
 def _grpc_details(error) -> str:
@@ -369,12 +486,17 @@ class _WorkerContext:
   """One worker's channel, executor factory and async context."""
 
   def __init__(self, address: str, max_message_bytes: int, connect_timeout: float,
-               unavailable_timeout: float, credentials: Optional[Credentials]):
+               unavailable_timeout: float, credentials: Optional[Credentials],
+               call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS):
     self.address = address
     wait_until_ready(address, connect_timeout, credentials)
     self.channel = make_channel(address, credentials,
                                 _channel_options(max_message_bytes))
-    stub = _FailFastStub(address, self.channel, unavailable_timeout)
+    # Other options than the calls' channel: gRPC gives it a connection of its own.
+    self._probe_channel = make_channel(address, credentials,
+                                       [('tff_robust.probe_channel', 1)])
+    stub = _FailFastStub(address, self.channel, unavailable_timeout, call_timeout,
+                         self._probe_channel)
     self.stub = stub
 
     def executor_fn(cardinalities):
@@ -400,6 +522,7 @@ class _WorkerContext:
         pass
     # No callback left for gRPC's connectivity thread to poll the closed channel for.
     self.channel.unsubscribe(self.stub._on_connectivity)  # pylint: disable=protected-access
+    self.stub.close()
     self.channel.close()
 
 
@@ -606,8 +729,11 @@ class DistributedContext(tff.framework.SyncContext):
   (`tff_robust.distributed.passwise.register_equivalent`; the `next` of every
   learning process tff_robust builds), which then runs instead.
 
-  A worker that cannot be reached for `unavailable_timeout` seconds makes `invoke`
-  raise `WorkerError` naming it. `close()` frees this program's state on the workers
+  A worker that cannot be reached, or answers no probe (stopped), for
+  `unavailable_timeout` seconds makes `invoke` raise `WorkerError` naming it, within
+  `unavailable_timeout` (unreachable) or `PROBE_INTERVAL + unavailable_timeout`
+  (stopped) seconds; a call that outlasts `call_timeout` on a worker that still
+  answers raises it too. `close()` frees this program's state on the workers
   and closes the channels (it does not stop the workers).
 
   With `credentials` every channel is mutual TLS; without them, every worker must be
@@ -618,7 +744,8 @@ class DistributedContext(tff.framework.SyncContext):
                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
                unavailable_timeout: float = DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS,
-               keep_round_values: bool = True):
+               keep_round_values: bool = True,
+               call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS):
     """Connects to the workers (waits up to `connect_timeout` s for each).
 
     Args:
@@ -630,8 +757,11 @@ class DistributedContext(tff.framework.SyncContext):
       max_message_bytes: gRPC message limit, > the largest value sent (a model, a
         client's dataset or update, a partial aggregate); at most 2^31 − 1.
       connect_timeout: seconds to wait for a worker at start; finite, > 0.
-      unavailable_timeout: seconds a worker may be unreachable during a call
-        before `WorkerError`; finite, > 0.
+      unavailable_timeout: seconds a worker may be unreachable, or answer no probe,
+        during a call before `WorkerError`; finite, > 0.
+      call_timeout: every RPC's deadline, in seconds (finite, > 0): longer than
+        any one computation takes on a worker (a worker that stops is found by the
+        probes, not by this).
       keep_round_values: whether `keep_on_workers` keeps values on the workers
         (the pass-by-pass aggregations then send each client's update to its worker
         once per round); False: it returns them as they are and every call sends
@@ -655,12 +785,13 @@ class DistributedContext(tff.framework.SyncContext):
     connect_timeout = arguments.check_positive_float('connect_timeout', connect_timeout)
     unavailable_timeout = arguments.check_positive_float('unavailable_timeout',
                                                          unavailable_timeout)
+    call_timeout = arguments.check_positive_float('call_timeout', call_timeout)
     self._workers = []
     try:
       for address in self.addresses:
         self._workers.append(_WorkerContext(address, max_message_bytes,
                                             connect_timeout, unavailable_timeout,
-                                            credentials))
+                                            credentials, call_timeout))
     except BaseException:
       self.close()
       raise

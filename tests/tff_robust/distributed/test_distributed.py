@@ -3,6 +3,7 @@ over two local worker_binary processes (127.0.0.1) equal the single-process resu
 
 import os
 import shutil
+import signal
 import time
 
 import numpy as np
@@ -19,6 +20,7 @@ from tff_robust.aggregators import gamma_mean
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import gradient_masking
 from tff_robust.aggregators import nonfinite
+from tff_robust.distributed import execution
 from tff_robust.distributed import passwise
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
@@ -196,6 +198,39 @@ def test_a_dead_worker_fails_the_call_once_and_closing_does_not_wait_for_it():
   assert closed - failed < timeout
 
 
+@pytest.mark.parametrize('stopped', ['launcher', 'worker_binary'])
+def test_a_stopped_worker_fails_the_call_within_the_probe_bound(stopped):
+  # Issue 54: a worker stopped by SIGSTOP keeps its connections open; before, the
+  # call waited for as long as it was watched. Its forwarder (the launcher) or its
+  # binary stopped: no probe is answered, and the call fails within
+  # PROBE_INTERVAL + unavailable_timeout (15 s here), allowed twice that on a loaded
+  # machine.
+  timeout = 10.0
+  values, weights = round_of_clients(seed=6, nonfinite=False)
+  process = cases.process(('distributed', 'mean'), FACTORIES['mean'])
+  with distributed.LocalWorkers(2) as local:
+    with distributed.distributed_execution(local.addresses,
+                                           unavailable_timeout=timeout):
+      process.next(process.initialize(), values, weights)
+      pid = local.pids[1] if stopped == 'launcher' else local.binary_pids[1]
+      os.kill(pid, signal.SIGSTOP)
+      stopped_at = time.monotonic()
+      try:
+        with pytest.raises(distributed.WorkerError,
+                           match=f'{local.addresses[1]}: stopped answering'):
+          process.next(process.initialize(), values, weights)
+        detected = time.monotonic() - stopped_at
+      finally:
+        os.kill(pid, signal.SIGCONT)
+      # Answering again: the same context goes on.
+      got = process.next(process.initialize(), values, weights)
+    pids = local.pids
+  assert not processes.running(pids)
+  assert timeout <= detected <= 2 * (execution.PROBE_INTERVAL + timeout)
+  want = process.next(process.initialize(), values, weights)
+  structures.assert_same(got.result, want.result)
+
+
 def test_local_workers_stop_when_the_block_raises():
   with pytest.raises(KeyError):
     with distributed.LocalWorkers(1) as local:
@@ -272,7 +307,8 @@ def test_arguments_are_validated():
     distributed.DistributedContext(['127.0.0.1:1'], connect_timeout=0.5)
 
 
-@pytest.mark.parametrize('name', ['connect_timeout', 'unavailable_timeout'])
+@pytest.mark.parametrize('name', ['connect_timeout', 'unavailable_timeout',
+                                  'call_timeout'])
 @pytest.mark.parametrize('value, error', [
     (0.0, ValueError), (-1.0, ValueError), (float('inf'), ValueError),
     (float('nan'), ValueError), ('5', TypeError), (True, TypeError)])
