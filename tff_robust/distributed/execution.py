@@ -68,6 +68,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -1059,6 +1060,76 @@ def distributed_execution(addresses, **kwargs):
       yield context
   finally:
     context.close()
+
+
+@contextlib.contextmanager
+def private_local_execution(max_message_megabytes: int = 10_000,
+                            startup_timeout: float = 300.0):
+  """Runs the TFF computations of the block that no other context takes (this
+  thread's) on a worker_binary of this process's own that nothing else can reach.
+
+  TFF's own local context starts its worker_binary listening on every interface,
+  insecure: anyone who reaches the machine could run TensorFlow in it. Here the
+  binary is `python -m tff_robust.distributed --listen_unix=PATH`: in a private
+  network namespace, behind a Unix socket in a directory only this user may enter
+  (mode 0700), as an unprivileged user when this process is root (as every worker).
+  So a driver (`tasks.binaries.train --workers`) listens on no network at all. The
+  results are TFF's local context's (the same compiler and binary).
+
+  Yields the `tff.framework.SyncExecutionContext`.
+
+  Raises:
+    WorkerError: if the worker did not start within `startup_timeout` seconds.
+  """
+  directory = tempfile.mkdtemp(prefix='tff_driver_')  # Mode 0700: this user's.
+  path = os.path.join(directory, 'worker.sock')
+  process = worker_launcher.start_worker(
+      sys.executable, ['-m', 'tff_robust.distributed.worker_launcher',
+                       f'--listen_unix={path}',
+                       f'--grpc_max_message_length_megabytes={max_message_megabytes}'],
+      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+  worker = None
+  try:
+    _wait_for_unix_socket(process, path, startup_timeout)
+    worker = _WorkerContext(f'unix:{path}', DEFAULT_MAX_MESSAGE_BYTES,
+                            startup_timeout, DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, None)
+    context = tff.framework.SyncExecutionContext(
+        executor_fn=worker.executor_factory,
+        compiler_fn=native_compiler.desugar_and_transform_to_native,
+        transform_args=tensorflow_computation.transform_args,
+        transform_result=tensorflow_computation.transform_result)
+    with tff.framework.get_context_stack().install(context):
+      yield context
+  finally:
+    if worker is not None:
+      worker.close()
+    if process.poll() is None:
+      process.send_signal(signal.SIGINT)
+      try:
+        process.wait(10)
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _wait_for_unix_socket(process: subprocess.Popen, path: str,
+                          timeout: float) -> None:
+  """Blocks until the launcher `process` accepts connections at `path`."""
+  deadline = time.monotonic() + timeout
+  while True:
+    if process.poll() is not None:
+      raise WorkerError(f'unix:{path}', 'the driver\'s own worker exited with status '
+                        f'{process.returncode} before listening (its error is above).')
+    try:
+      with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.connect(path)
+      return
+    except OSError:
+      if time.monotonic() > deadline:
+        raise WorkerError(f'unix:{path}', f'the driver\'s own worker was not '
+                          f'listening after {timeout:g} s.') from None
+      time.sleep(0.02)
 
 
 # Flags a LocalWorkers' launcher sets, reads itself, or that would stop it starting a
