@@ -72,6 +72,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Optional, Sequence
 
@@ -315,6 +316,7 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
     self._failing_since: Optional[float] = None
     # Whether the worker answered no probe when last asked (stopped, not gone).
     self._stopped = False
+    self._lock = threading.Lock()
     self._closed = False
     self._ready = False
     channel.subscribe(self._on_connectivity, try_to_connect=True)
@@ -359,8 +361,26 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
       return False
     return True
 
+  @property
+  def stopped(self) -> bool:
+    """Whether the worker answered no probe when last asked, and none since."""
+    return self._stopped
+
+  def _watch_until_answering(self) -> None:
+    """Probes the stopped worker in the background until it answers again (or the
+    stub closes); calls meanwhile fail at once."""
+    while not self._closed and not self.answers(self._unavailable_timeout):
+      pass
+    if not self._closed:
+      self._stopped = False
+      self.reached()
+
   def _stopped_error(self, method: str, since: float) -> WorkerError:
-    self._stopped = True
+    with self._lock:
+      if not self._stopped:
+        self._stopped = True
+        threading.Thread(target=self._watch_until_answering, daemon=True,
+                         name=f'probe {self._address}').start()
     if self._failing_since is None:
       self._failing_since = since  # Nothing to free there: see `_free`.
     return WorkerError(
@@ -376,6 +396,9 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
       except grpc.FutureTimeoutError:
         pass
       asked = time.monotonic()
+      if self._stopped and not future.done():  # Found by another call meanwhile.
+        future.cancel()
+        raise self._stopped_error(method, asked)
       if not future.done() and not self.answers(self._unavailable_timeout):
         if future.done():  # The answer came as the probe gave up.
           continue
@@ -386,12 +409,8 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
     if self._closed:
       raise WorkerError(self._address, f'{method} after the driver closed its '
                         'channel (the program is ending).')
-    if self._stopped:  # Stopped when last asked: only a probe says it is back.
-      asked = time.monotonic()
-      if not self.answers(self._unavailable_timeout):
-        raise self._stopped_error(method, asked)
-      self._stopped = False
-      self.reached()
+    if self._stopped:  # Until the watching probe is answered: at once.
+      raise self._stopped_error(method, time.monotonic())
     rpc = getattr(self._grpc_stub, method)
     try:
       self.bytes_sent += request.ByteSize()
@@ -943,18 +962,25 @@ class DistributedContext(tff.framework.SyncContext):
     return result
 
   def wait_until_connected(self, timeout: float) -> None:
-    """Blocks until this context's channel to every worker is ready, e.g. after a
-    worker restarted: gRPC reconnects after a backoff that grows the longer the
-    worker was away, so a call right after the restart may find it still waiting.
+    """Blocks until this context's channel to every worker is ready and every
+    worker answers, e.g. after a worker restarted (gRPC reconnects after a backoff
+    that grows the longer the worker was away, so a call right after the restart may
+    find it still waiting) or continued after it stopped.
 
     Raises:
       WorkerError: naming a worker still unreachable after `timeout` seconds.
     """
+    deadline = time.monotonic() + timeout
     for worker in self._workers:
       try:
-        grpc.channel_ready_future(worker.channel).result(timeout=timeout)
+        grpc.channel_ready_future(worker.channel).result(
+            timeout=max(deadline - time.monotonic(), 0))
       except grpc.FutureTimeoutError as e:
         raise WorkerError(worker.address, f'not reachable within {timeout:g} s.') from e
+      while worker.stub.stopped:
+        if time.monotonic() > deadline:
+          raise WorkerError(worker.address, f'not answering within {timeout:g} s.')
+        time.sleep(0.05)
       worker.stub.reached()
 
   def traffic(self) -> dict[str, tuple[int, int]]:

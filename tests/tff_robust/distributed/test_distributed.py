@@ -210,7 +210,7 @@ def test_a_stopped_worker_fails_the_call_within_the_probe_bound(stopped):
   process = cases.process(('distributed', 'mean'), FACTORIES['mean'])
   with distributed.LocalWorkers(2) as local:
     with distributed.distributed_execution(local.addresses,
-                                           unavailable_timeout=timeout):
+                                           unavailable_timeout=timeout) as context:
       process.next(process.initialize(), values, weights)
       pid = local.pids[1] if stopped == 'launcher' else local.binary_pids[1]
       os.kill(pid, signal.SIGSTOP)
@@ -222,7 +222,9 @@ def test_a_stopped_worker_fails_the_call_within_the_probe_bound(stopped):
         detected = time.monotonic() - stopped_at
       finally:
         os.kill(pid, signal.SIGCONT)
-      # Answering again: the same context goes on.
+      # Answering again (once a probe says so: not within a fixed time), the same
+      # context goes on.
+      context.wait_until_connected(timeout=300)
       got = process.next(process.initialize(), values, weights)
     pids = local.pids
   assert not processes.running(pids)
