@@ -196,7 +196,7 @@ def main(argv):
     if FLAGS.workers:
       # The driver's own computations (the server's): on a worker nothing else can
       # reach, not TFF's local worker_binary on every interface.
-      stack.enter_context(distributed.private_local_execution())
+      driver = stack.enter_context(distributed.private_local_execution())
     task = flag_groups.task_from_flags(FLAGS.seed)
     flag_groups.check_attacks(task, 'attack')
     context = None
@@ -206,7 +206,9 @@ def main(argv):
             FLAGS.workers, credentials=FLAGS.worker_credentials,
             connect_timeout=FLAGS.worker_connect_timeout,
             unavailable_timeout=FLAGS.worker_unavailable_timeout,
-            call_timeout=FLAGS.worker_call_timeout)
+            call_timeout=FLAGS.worker_call_timeout,
+            # The workers' partial sums merged here, not on the first worker.
+            merge_context=driver.async_context)
       except (ValueError, distributed.WorkerError) as e:
         exit_status.exit_with(f'--workers: {e}', exit_status.FLAGS_OR_OTHER_RUN)
       stack.callback(context.close)

@@ -413,8 +413,13 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
       raise self._stopped_error(method, time.monotonic())
     rpc = getattr(self._grpc_stub, method)
     try:
+      future = rpc.future(request, timeout=self._call_timeout)
+    except ValueError:  # gRPC's "Channel closed!": the program is ending.
+      raise WorkerError(self._address, f'{method} after the driver closed its '
+                        'channel (the program is ending).') from None
+    try:
       self.bytes_sent += request.ByteSize()
-      response = self._await(method, rpc.future(request, timeout=self._call_timeout))
+      response = self._await(method, future)
       self.bytes_received += response.ByteSize()
       self.reached()
       return response
@@ -526,20 +531,33 @@ class _WorkerContext:
       executor.set_cardinalities(cardinalities)
       return executor
 
+    self._executor_fn = executor_fn
     self.executor_factory = tff.framework.ResourceManagingExecutorFactory(executor_fn)
+    self._factories = [self.executor_factory]
     self.context = tff.framework.AsyncExecutionContext(
         executor_fn=self.executor_factory,
         compiler_fn=native_compiler.desugar_and_transform_to_native,
         transform_args=tensorflow_computation.transform_args,
         transform_result=tensorflow_computation.transform_result)
 
+  def new_async_context(self) -> tff.framework.AsyncExecutionContext:
+    """Another async context on this worker, with executors of its own."""
+    factory = tff.framework.ResourceManagingExecutorFactory(self._executor_fn)
+    self._factories.append(factory)
+    return tff.framework.AsyncExecutionContext(
+        executor_fn=factory,
+        compiler_fn=native_compiler.desugar_and_transform_to_native,
+        transform_args=tensorflow_computation.transform_args,
+        transform_result=tensorflow_computation.transform_result)
+
   def close(self):
     # Frees this client's executors on the worker (a gone worker is skipped).
-    for cardinalities in list(self.executor_factory._executors.keys()):  # pylint: disable=protected-access
-      try:
-        self.executor_factory.clean_up_executor(dict(cardinalities))
-      except Exception:  # pylint: disable=broad-except
-        pass
+    for factory in self._factories:
+      for cardinalities in list(factory._executors.keys()):  # pylint: disable=protected-access
+        try:
+          factory.clean_up_executor(dict(cardinalities))
+        except Exception:  # pylint: disable=broad-except
+          pass
     # No callback left for gRPC's connectivity thread to poll the closed channel for.
     self.channel.unsubscribe(self.stub._on_connectivity)  # pylint: disable=protected-access
     self.stub.close()
@@ -765,7 +783,8 @@ class DistributedContext(tff.framework.SyncContext):
                connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
                unavailable_timeout: float = DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS,
                keep_round_values: bool = True,
-               call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS):
+               call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS,
+               merge_context=None):
     """Connects to the workers (waits up to `connect_timeout` s for each).
 
     Args:
@@ -782,6 +801,10 @@ class DistributedContext(tff.framework.SyncContext):
       call_timeout: every RPC's deadline, in seconds (finite, > 0): longer than
         any one computation takes on a worker (a worker that stops is found by the
         probes, not by this).
+      merge_context: where the workers' partial aggregates are merged: an async TFF
+        context of the driver's own (`private_local_execution().async_context`),
+        so that no worker receives another's partial sums; None: on the first
+        worker (which then receives every other worker's).
       keep_round_values: whether `keep_on_workers` keeps values on the workers
         (the pass-by-pass aggregations then send each client's update to its worker
         once per round); False: it returns them as they are and every call sends
@@ -821,6 +844,7 @@ class DistributedContext(tff.framework.SyncContext):
         mergeable_comp_compiler.compile_to_mergeable_comp_form)
     self._runner = async_utils.AsyncThreadRunner()
     self.keep_round_values = bool(keep_round_values)
+    self._merge_context = merge_context
     # The workers' own compiler (their contexts'), for calls on resident values.
     native = compiler_pipeline.CompilerPipeline(
         native_compiler.desugar_and_transform_to_native)
@@ -880,7 +904,7 @@ class DistributedContext(tff.framework.SyncContext):
     else:
       shards = _shards(arg, form.up_to_merge.type_signature.parameter, len(contexts))
     result = self._runner.run_coro_and_return_result(
-        _invoke_in_order(form, shards, contexts))
+        _invoke_in_order(form, shards, contexts, self._merge_context))
     return type_conversions.type_to_py_container(
         result, form.after_merge.type_signature.result)
 
@@ -1047,18 +1071,19 @@ def _clients_slice(value, type_spec, start: int, stop: int):
   return value
 
 
-async def _invoke_in_order(form, shards, contexts):
+async def _invoke_in_order(form, shards, contexts, merge_context=None):
   """`form` (a `MergeableCompForm`) on `shards`, one per context: every shard's
-  `up_to_merge` at once, their partial aggregates merged in shard order, then
-  `after_merge` on every shard, its results concatenated in shard order."""
+  `up_to_merge` at once, their partial aggregates merged in shard order (in
+  `merge_context`, default the first worker's), then `after_merge` on every shard,
+  its results concatenated in shard order."""
   contexts = contexts[:len(shards)]
   partials = await asyncio.gather(*(
       context.invoke(form.up_to_merge, shard)
       for shard, context in zip(shards, contexts)))
+  merger = merge_context if merge_context is not None else contexts[0]
   merged = partials[0]
   for partial in partials[1:]:
-    merged = await contexts[0].invoke(form.merge,
-                                      structure.Struct.unnamed(merged, partial))
+    merged = await merger.invoke(form.merge, structure.Struct.unnamed(merged, partial))
   result_type = form.after_merge.type_signature.result
   if type_analysis.contains_only(
       result_type, lambda t: not isinstance(t, tff.FederatedType) or t.all_equal):
@@ -1088,6 +1113,10 @@ def distributed_execution(addresses, **kwargs):
     context.close()
 
 
+DriverExecution = collections.namedtuple('DriverExecution',
+                                         ['context', 'async_context'])
+
+
 @contextlib.contextmanager
 def private_local_execution(max_message_megabytes: int = 10_000,
                             startup_timeout: float = 300.0):
@@ -1102,7 +1131,9 @@ def private_local_execution(max_message_megabytes: int = 10_000,
   So a driver (`tasks.binaries.train --workers`) listens on no network at all. The
   results are TFF's local context's (the same compiler and binary).
 
-  Yields the `tff.framework.SyncExecutionContext`.
+  Yields a `DriverExecution`: its `context` (a `tff.framework.SyncExecutionContext`,
+  installed for the block) and `async_context` (on the same worker, for
+  `DistributedContext(merge_context=...)`: the workers' partial sums merged here).
 
   Raises:
     WorkerError: if the worker did not start within `startup_timeout` seconds.
@@ -1125,7 +1156,8 @@ def private_local_execution(max_message_megabytes: int = 10_000,
         transform_args=tensorflow_computation.transform_args,
         transform_result=tensorflow_computation.transform_result)
     with tff.framework.get_context_stack().install(context):
-      yield context
+      # An executor factory of its own: the merges run in another event loop.
+      yield DriverExecution(context, worker.new_async_context())
   finally:
     if worker is not None:
       worker.close()

@@ -198,6 +198,43 @@ def test_a_dead_worker_fails_the_call_once_and_closing_does_not_wait_for_it():
   assert closed - failed < timeout
 
 
+def test_partial_sums_merge_in_the_drivers_own_context(workers):
+  # Issue 54: the workers' partial sums were merged on the first worker, which so
+  # received every other worker's. With merge_context, no worker runs a merge.
+  values, weights = round_of_clients(seed=7, nonfinite=False)
+  process = passwise.PasswiseFactory(FACTORIES['gm']()).create(
+      cases.VALUE_TYPE, cases.WEIGHT_TYPE)
+  merges, on_workers = [], []
+  worker_invoke = execution._WorkerInvoker.invoke  # pylint: disable=protected-access
+
+  async def recording_invoke(self, comp, arg):
+    on_workers.append(comp)
+    return await worker_invoke(self, comp, arg)
+
+  with distributed.private_local_execution() as driver:
+    merge_invoke = driver.async_context.invoke
+
+    async def recording_merge(comp, arg):
+      merges.append(comp)
+      return await merge_invoke(comp, arg)
+
+    driver.async_context.invoke = recording_merge
+    context = distributed.DistributedContext(
+        workers.addresses, merge_context=driver.async_context, connect_timeout=60)
+    try:
+      with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(execution._WorkerInvoker, 'invoke', recording_invoke)  # pylint: disable=protected-access
+        with tff.framework.get_context_stack().install(context):
+          got = process.next(process.initialize(), values, weights)
+    finally:
+      context.close()
+  # A merge for every pass computation at least (two workers), none on a worker.
+  assert len(merges) >= process.computations_per_call
+  assert not {id(m) for m in merges} & {id(c) for c in on_workers}
+  want = single_process_rounds('gm', [(values, weights)])[0]
+  structures.assert_same(got.result, want.result)
+
+
 @pytest.mark.parametrize('stopped', ['launcher', 'worker_binary'])
 def test_a_stopped_worker_fails_the_call_within_the_probe_bound(stopped):
   # Issue 54: a worker stopped by SIGSTOP keeps its connections open; before, the
