@@ -15,15 +15,24 @@ package's `__init__` loads its modules lazily, so nothing imports TensorFlow): i
     a second worker_binary on a used port would start silently and the kernel would
     split new connections between the two), and binds it itself;
 3.  moves into a private network namespace (`tff_robust.distributed.worker_network`: only a
-    loopback interface, nothing outside can address it) and starts the worker_binary
-    shipped in the TFF package there (found without importing TFF), its output to this
-    process's, the kernel killing it if this process dies. Where the kernel allows no
-    such namespace the worker is not started (status 1, saying how to allow one);
+    loopback interface, nothing outside can address it), started by root becomes
+    `--user` (default `nobody`; root is refused) for good, and starts the
+    worker_binary shipped in the TFF package there (found without importing TFF),
+    its output to this process's, the kernel killing it if this process dies. Where
+    the kernel allows no such namespace the worker is not started (status 1, saying
+    how to allow one);
 4.  connects to the binary in the private network until it accepts, checks that every
     socket listening there is the binary's own, starts listening on the public port,
     forwarding each accepted (with TLS: authenticated) connection to the binary, and
     prints one line `listening on HOST:PORT ...` to stdout;
-5.  passes SIGINT, SIGTERM and SIGHUP on to the worker and exits when it does.
+5.  passes SIGINT, SIGTERM (even where they were ignored, as in a script's
+    background job) and SIGHUP (unless ignored: nohup) on to the worker and exits
+    when it does.
+
+`--listen_unix=PATH` instead of a port: a Unix socket in a directory of this user's
+with mode 0700, for a driver's own computations
+(`tff_robust.distributed.private_local_execution`): no network reaches it, no other
+user opens it.
 
 The other flags go to the worker_binary. `tff_robust.distributed.LocalWorkers` starts
 its workers with this command.
