@@ -29,6 +29,7 @@ import tensorflow_federated as tff
 import tff_robust
 from tff_robust import distributed
 from tff_robust.distributed import execution
+from tff_robust.distributed import runtime
 from tff_robust.distributed import worker_credentials
 
 _WORKERS = flags.DEFINE_integer('workers', 2, 'Local mutual-TLS workers.')
@@ -132,5 +133,10 @@ def main(argv):
       calls=[(name, list(t.values())) for name, t in recorder.calls])), flush=True)
 
 
+def _main(argv):
+  with runtime.worker_binaries_stopped():
+    main(argv)
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(_main)
