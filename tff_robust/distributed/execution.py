@@ -283,8 +283,8 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
     if not, `WorkerError` names the worker and is not retried. The clock is the
     worker's, not the call's: the other calls of the failed computation (TFF goes on
     running its sibling tasks) and the calls after it fail at the same deadline, or
-    at once after it, until the channel is ready again
-    (`DistributedContext.wait_until_connected`, or gRPC reconnecting on its own);
+    at once after it, until the worker answers a call again (or
+    `DistributedContext.wait_until_connected` finds it back);
   - while an RPC waits for its answer, the worker is asked every `PROBE_INTERVAL`
     seconds whether it still answers (an unknown method on a channel of its own, which
     a live gRPC server refuses at once, however busy its executor is): a worker that
@@ -318,16 +318,9 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
     self._stopped = False
     self._lock = threading.Lock()
     self._closed = False
-    self._ready = False
-    channel.subscribe(self._on_connectivity, try_to_connect=True)
     # Serialized bytes of every request and response: what crosses the network.
     self.bytes_sent = 0
     self.bytes_received = 0
-
-  def _on_connectivity(self, state) -> None:
-    self._ready = state == grpc.ChannelConnectivity.READY
-    if self._ready and not self._stopped:
-      self.reached()
 
   def reached(self) -> None:
     """The worker answers (again): a later failure starts a new clock."""
@@ -444,14 +437,10 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
     if self._failing_since is None:
       self._failing_since = time.monotonic()
     remaining = self._failing_since + self._unavailable_timeout - time.monotonic()
-    try:
-      if remaining <= 0:
-        raise grpc.FutureTimeoutError()
-      grpc.channel_ready_future(self._channel).result(timeout=remaining)
-    except grpc.FutureTimeoutError:
+    if remaining <= 0 or not _ready_within(self._channel, remaining):
       raise WorkerError(
           self._address, f'unreachable for {self._unavailable_timeout:g} s during '
-          f'{method} ({_grpc_details(error)}); did the worker stop?') from None
+          f'{method} ({_grpc_details(error)}); did the worker stop?')
 
   def _free(self, method: str, request):
     """One attempt at a freeing call; None if the worker is away."""
@@ -497,7 +486,22 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
 
   @property
   def is_ready(self) -> bool:
-    return self._ready
+    """Whether the worker is taken to answer (no failure since it last did)."""
+    return not self.failing and not self._stopped
+
+
+def _ready_within(channel, timeout: float) -> bool:
+  """Whether `channel` connects within `timeout` seconds. The wait's subscription
+  ends with it: a subscription left on a channel makes gRPC's polling thread print
+  "Channel closed!" when the channel closes."""
+  ready = grpc.channel_ready_future(channel)
+  try:
+    ready.result(timeout=timeout)
+    return True
+  except grpc.FutureTimeoutError:
+    return False
+  finally:
+    ready.cancel()
 
 
 def _grpc_details(error) -> str:
@@ -558,8 +562,6 @@ class _WorkerContext:
           factory.clean_up_executor(dict(cardinalities))
         except Exception:  # pylint: disable=broad-except
           pass
-    # No callback left for gRPC's connectivity thread to poll the closed channel for.
-    self.channel.unsubscribe(self.stub._on_connectivity)  # pylint: disable=protected-access
     self.stub.close()
     self.channel.close()
 
@@ -996,11 +998,8 @@ class DistributedContext(tff.framework.SyncContext):
     """
     deadline = time.monotonic() + timeout
     for worker in self._workers:
-      try:
-        grpc.channel_ready_future(worker.channel).result(
-            timeout=max(deadline - time.monotonic(), 0))
-      except grpc.FutureTimeoutError as e:
-        raise WorkerError(worker.address, f'not reachable within {timeout:g} s.') from e
+      if not _ready_within(worker.channel, max(deadline - time.monotonic(), 0)):
+        raise WorkerError(worker.address, f'not reachable within {timeout:g} s.')
       while worker.stub.stopped:
         if time.monotonic() > deadline:
           raise WorkerError(worker.address, f'not answering within {timeout:g} s.')

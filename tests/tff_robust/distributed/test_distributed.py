@@ -6,9 +6,11 @@ import shutil
 import signal
 import time
 
+import grpc
 import numpy as np
 import pytest
 import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import executor_pb2
 
 from baselines import wrappers
 from tests.helpers import aggregator_cases as cases
@@ -196,6 +198,21 @@ def test_a_dead_worker_fails_the_call_once_and_closing_does_not_wait_for_it():
     closed = time.monotonic()
   assert timeout <= failed - killed < 2 * timeout
   assert closed - failed < timeout
+
+
+@pytest.mark.filterwarnings('error::pytest.PytestUnhandledThreadExceptionWarning')
+def test_calls_on_a_closed_channel_raise_no_grpc_value_error():
+  # Issue 54: a program ended by SIGTERM during a call closed its channels while
+  # TFF's threads still freed values on them: gRPC's ValueError ("Cannot invoke
+  # RPC: Channel closed!") printed as thread tracebacks.
+  address = '127.0.0.1:1'
+  channel = grpc.insecure_channel(address)
+  stub = execution._FailFastStub(address, channel, 1.0)  # pylint: disable=protected-access
+  channel.close()
+  assert stub.dispose(executor_pb2.DisposeRequest()) is None
+  assert stub.dispose_executor(executor_pb2.DisposeExecutorRequest()) is None
+  with pytest.raises(distributed.WorkerError, match='closed its channel'):
+    stub.compute(executor_pb2.ComputeRequest())
 
 
 def test_partial_sums_merge_in_the_drivers_own_context(workers):
