@@ -231,15 +231,19 @@ def _connect_error(channel, deadline: float) -> str:
 
 
 def wait_until_ready(address: str, timeout: float,
-                     credentials: Optional[Credentials] = None) -> None:
+                     credentials: Optional[Credentials] = None,
+                     channel: Optional[grpc.Channel] = None) -> None:
   """Blocks until a gRPC channel to `address` is ready (with `credentials`: its TLS
-  handshake succeeded).
+  handshake succeeded): `channel` (left open), or one made and closed here.
 
   Raises:
     WorkerError: after `timeout` seconds; at once if the worker refused the TLS
       handshake, or a driver without credentials met one that requires them.
   """
-  channel = make_channel(address, credentials)
+  global _last_readiness_wait
+  own_channel = channel is None
+  if own_channel:
+    channel = make_channel(address, credentials)
   ready = grpc.channel_ready_future(channel)
   deadline = time.monotonic() + timeout
   try:
@@ -265,7 +269,9 @@ def wait_until_ready(address: str, timeout: float,
                           (f' ({details}).' if details else '.'))
   finally:
     ready.cancel()
-    channel.close()
+    _last_readiness_wait = time.monotonic()
+    if own_channel:
+      _close_channel(channel)
 
 
 class _FailFastStub(tff.framework.RemoteExecutorStub):
@@ -335,7 +341,7 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
     instead of gRPC's ValueError from a closed channel."""
     self._closed = True
     if self._probe_channel is not None:
-      self._probe_channel.close()
+      self._probe_channel.close()  # Never subscribed to.
 
   def answers(self, timeout: float) -> bool:
     """Whether the worker's gRPC server answers a probe within `timeout` seconds."""
@@ -490,10 +496,18 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
     return not self.failing and not self._stopped
 
 
+# gRPC's thread that watches a subscribed channel stops within this long after the
+# last subscription ends (it polls every 0.2 s); closed while it runs, the channel
+# makes it print a "Channel closed!" traceback.
+_GRPC_POLLING_ENDS_SECONDS = 0.5
+# time.monotonic() at which the last wait for a channel's readiness ended.
+_last_readiness_wait = -math.inf
+
+
 def _ready_within(channel, timeout: float) -> bool:
   """Whether `channel` connects within `timeout` seconds. The wait's subscription
-  ends with it: a subscription left on a channel makes gRPC's polling thread print
-  "Channel closed!" when the channel closes."""
+  ends with it: one left on the channel would print a traceback when it closes."""
+  global _last_readiness_wait
   ready = grpc.channel_ready_future(channel)
   try:
     ready.result(timeout=timeout)
@@ -502,6 +516,14 @@ def _ready_within(channel, timeout: float) -> bool:
     return False
   finally:
     ready.cancel()
+    _last_readiness_wait = time.monotonic()
+
+
+def _close_channel(channel) -> None:
+  """Closes `channel` once gRPC's watching thread of a recent wait has ended."""
+  time.sleep(max(_last_readiness_wait + _GRPC_POLLING_ENDS_SECONDS - time.monotonic(),
+                 0))
+  channel.close()
 
 
 def _grpc_details(error) -> str:
@@ -518,9 +540,13 @@ class _WorkerContext:
                unavailable_timeout: float, credentials: Optional[Credentials],
                call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS):
     self.address = address
-    wait_until_ready(address, connect_timeout, credentials)
     self.channel = make_channel(address, credentials,
                                 _channel_options(max_message_bytes))
+    try:
+      wait_until_ready(address, connect_timeout, credentials, self.channel)
+    except BaseException:
+      _close_channel(self.channel)
+      raise
     # Other options than the calls' channel: gRPC gives it a connection of its own.
     self._probe_channel = make_channel(address, credentials,
                                        [('tff_robust.probe_channel', 1)])
@@ -563,7 +589,7 @@ class _WorkerContext:
         except Exception:  # pylint: disable=broad-except
           pass
     self.stub.close()
-    self.channel.close()
+    _close_channel(self.channel)
 
 
 class _Piece(cardinality_carrying_base.CardinalityCarrying):
