@@ -1248,7 +1248,8 @@ class LocalWorkers:
       with distributed_execution(workers.addresses): ...
 
   Each worker is `python -m tff_robust.distributed.worker_launcher` (`tff_robust.distributed`'s
-  worker command): its worker_binary runs in a private network namespace, and the
+  worker command): its worker_binary runs in a private network namespace (as
+  `nobody` when this process is root), and the
   launcher forwards connections to it from a port on `host` (a loopback address,
   default 127.0.0.1), with mutual TLS if `credentials` (the workers' side,
   `Credentials.worker(directory)` or that directory) are given; the driver then
