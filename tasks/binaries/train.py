@@ -36,8 +36,12 @@ keeping every finished round, as does a damaged or inconsistent file of the run 
 fix). With --workers=host:port,... each round's clients train and aggregate on TFF
 worker_binary processes (README, "Several workers and machines"); a worker failing
 mid-round stops the run with exit status 3, naming the worker and the round, and a
-rerun resumes there. Exit statuses: `tasks.binaries.exit_status`. Killed even by
-SIGKILL, the binary leaves no worker_binary of its own behind.
+rerun resumes there; a worker that stops answering (SIGSTOP, a frozen machine) too.
+The driver of a --workers run listens on no network: its own computations run on a
+worker_binary behind a Unix socket only its user can open
+(`tff_robust.distributed.private_local_execution`). Exit statuses:
+`tasks.binaries.exit_status`. Killed even by SIGKILL, the binary leaves no
+worker_binary of its own behind.
 """
 
 import contextlib
@@ -123,9 +127,14 @@ flags.DEFINE_float('worker_connect_timeout',
                    'with an error naming it.')
 flags.DEFINE_float('worker_unavailable_timeout',
                    distributed.DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, 'Seconds a worker '
-                   'of --workers may be unreachable during a round before the round '
-                   'fails (exit status 3, naming the worker); if it comes back sooner, '
-                   'its share of the round is rerun.')
+                   'of --workers may be unreachable, or answer no probe (stopped), '
+                   'during a round before the round fails (exit status 3, naming the '
+                   'worker); if it comes back sooner, its share of the round is rerun. '
+                   'A stopped worker is named within this plus 5 s.')
+flags.DEFINE_float('worker_call_timeout', distributed.DEFAULT_CALL_TIMEOUT_SECONDS,
+                   'Deadline in seconds of every call to a worker of --workers: longer '
+                   'than any one computation takes there (a stopped worker is found '
+                   'by probes within --worker_unavailable_timeout + 5 s, not by this).')
 
 
 def _check_workers(addresses) -> bool:
@@ -155,7 +164,8 @@ def _check_worker_credentials(values) -> bool:
   except ValueError as e:
     raise flags.ValidationError(str(e)) from e
   return True
-for _name in ('worker_connect_timeout', 'worker_unavailable_timeout'):
+for _name in ('worker_connect_timeout', 'worker_unavailable_timeout',
+              'worker_call_timeout'):
   flags.register_validator(_name, lambda v: 0 < v < float('inf'),
                            message=f'--{_name} must be a finite number of seconds > 0.')
 
@@ -201,6 +211,10 @@ def main(argv):
     stack.enter_context(run_lock.owned(output_dir))
     experiment.check_config(output_dir, flag_groups.run_config(),
                             ignore=flag_groups.RESUMABLE_CHANGES)
+    if FLAGS.workers:
+      # The driver's own computations (the server's): on a worker nothing else can
+      # reach, not TFF's local worker_binary on every interface.
+      driver = stack.enter_context(distributed.private_local_execution())
     task = flag_groups.task_from_flags(FLAGS.seed)
     flag_groups.check_attacks(task, 'attack')
     context = None
@@ -209,7 +223,10 @@ def main(argv):
         context = distributed.DistributedContext(
             FLAGS.workers, credentials=FLAGS.worker_credentials,
             connect_timeout=FLAGS.worker_connect_timeout,
-            unavailable_timeout=FLAGS.worker_unavailable_timeout)
+            unavailable_timeout=FLAGS.worker_unavailable_timeout,
+            call_timeout=FLAGS.worker_call_timeout,
+            # The workers' partial sums merged here, not on the first worker.
+            merge_context=driver.async_context)
       except (ValueError, distributed.WorkerError) as e:
         exit_status.exit_with(f'--workers: {e}', exit_status.FLAGS_OR_OTHER_RUN)
       stack.callback(context.close)

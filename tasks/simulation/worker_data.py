@@ -44,6 +44,7 @@ import tensorflow_federated as tff
 
 from tasks.builders import data_utils
 from tasks.builders import task as task_lib
+from tff_robust.distributed import worker_network
 
 _TOKEN_FILE = 'DATASET_ID'
 _MANIFEST_FILE = 'manifest.json'
@@ -86,10 +87,16 @@ class ClientDataDirectory:
       ValueError: if `directory` holds an export of another task.
     """
     self._task = task
+    # Group of the files: whom a worker started by root runs as (its data only).
+    self._workers_gid = None
     if directory is None:
       directory = tempfile.mkdtemp(prefix='tff_client_data_')
       # Every run on workers would otherwise leave a copy of its clients in /tmp.
       weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
+      if os.geteuid() == 0:
+        self._workers_gid = worker_network.unprivileged_ids()[1]
+        os.chown(directory, -1, self._workers_gid)
+        os.chmod(directory, 0o750)
     self.directory = os.path.abspath(directory)
     self.data_attacks = sorted(task.data_attacks)
     self._spec = _raw_spec(task)
@@ -109,8 +116,8 @@ class ClientDataDirectory:
       if os.listdir(self.directory):
         raise ValueError(f'{self.directory} is not empty and holds no client export.')
       self.token = uuid.uuid4().hex
-      _write(token_path, self.token.encode('ascii'))
-      _write(manifest_path, json.dumps(manifest, sort_keys=True).encode('utf-8'))
+      self._write(token_path, self.token.encode('ascii'))
+      self._write(manifest_path, json.dumps(manifest, sort_keys=True).encode('utf-8'))
     self._exported = set()
     self._computation = None
 
@@ -133,9 +140,12 @@ class ClientDataDirectory:
       arrays = (tf.nest.flatten(examples) if examples is not None else
                 [np.zeros([0, *s.shape], s.dtype.as_numpy_dtype) for s in leaves])
       for path, array, spec in zip(self._paths(client_id), arrays, leaves):
-        _write(path, tf.io.serialize_tensor(
+        self._write(path, tf.io.serialize_tensor(
             tf.convert_to_tensor(array, spec.dtype)).numpy())
       self._exported.add(file_key(client_id))
+
+  def _write(self, path: str, content: bytes) -> None:
+    _write(path, content, self._workers_gid)
 
   def data_attack_index(self, name: Optional[str]) -> int:
     """0 for no attack, else 1 + the attack's position in `data_attacks`."""
@@ -189,9 +199,12 @@ def collections_manifest(task: task_lib.Task, spec) -> dict:
                            for s in tf.nest.flatten(spec)]}
 
 
-def _write(path: str, content: bytes) -> None:
+def _write(path: str, content: bytes, gid: Optional[int] = None) -> None:
   # Complete files only: a worker never reads one half written.
   partial = f'{path}.partial'
   with open(partial, 'wb') as f:
+    if gid is not None:  # Readable by the workers' group, whatever the umask.
+      os.fchown(f.fileno(), -1, gid)
+      os.fchmod(f.fileno(), 0o640)
     f.write(content)
   os.replace(partial, path)

@@ -39,6 +39,39 @@ def worker_children(parent: int) -> list[int]:
   return runtime.worker_binaries(parent)
 
 
+def _command_line(pid: int) -> list[str]:
+  try:
+    with open(f'/proc/{pid}/cmdline', 'rb') as f:
+      return [a.decode(errors='replace') for a in f.read().split(b'\0') if a]
+  except OSError:
+    return []
+
+
+def worker_launchers(parent: int = None) -> list[int]:
+  """The running `tff_robust.distributed.worker_launcher` children of process
+  `parent` (default this one)."""
+  parent = os.getpid() if parent is None else parent
+  found = []
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit() or not is_running(int(entry)):
+      continue
+    try:
+      with open(f'/proc/{entry}/stat', 'rb') as f:
+        ppid = int(f.read().rsplit(b')', 1)[1].split()[1])
+    except OSError:
+      continue
+    if ppid == parent and 'tff_robust.distributed.worker_launcher' in _command_line(
+        int(entry)):
+      found.append(int(entry))
+  return found
+
+
+def flag_value(pid: int, name: str) -> str:
+  """The value of `--name=value` on process `pid`'s command line."""
+  prefix = f'--{name}='
+  return next(a[len(prefix):] for a in _command_line(pid) if a.startswith(prefix))
+
+
 # Owns a run directory (argv[1]) until its stdin closes; prints `locked` once it does.
 _RUN_OWNER = ('import sys; from tasks.simulation import run_lock\n'
               'with run_lock.owned(sys.argv[1]):\n'

@@ -6,7 +6,9 @@
                       which `DistributedContext` runs in its place
   execution           `distributed_execution`, `DistributedContext`, `LocalWorkers`,
                       `WorkerError`, `ResidentValue` (a round's per-client values
-                      kept on the workers; also importable from this package)
+                      kept on the workers), `private_local_execution` (a driver's
+                      own computations, reachable by nobody else; also importable
+                      from this package)
   worker_launcher     `python -m tff_robust.distributed --port=N`: one worker_binary,
                       started without TensorFlow
   worker_network      the worker's private network namespace and its TLS forwarder
@@ -23,6 +25,7 @@ import importlib.util
 
 _EXECUTION_NAMES = (
     'Credentials',
+    'DEFAULT_CALL_TIMEOUT_SECONDS',
     'DEFAULT_CONNECT_TIMEOUT_SECONDS',
     'DEFAULT_MAX_MESSAGE_BYTES',
     'DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS',
@@ -35,6 +38,7 @@ _EXECUTION_NAMES = (
     'distributed_execution',
     'make_channel',
     'parse_addresses',
+    'private_local_execution',
     'wait_until_ready',
     'worker_binary_path',
 )

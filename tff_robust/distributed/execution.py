@@ -68,9 +68,11 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Optional, Sequence
 
@@ -111,8 +113,25 @@ from tff_robust.distributed import worker_network
 DEFAULT_MAX_MESSAGE_BYTES = 2_000_000_000
 # How long a worker may take to accept connections at start.
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 30.0
-# A worker that cannot be reached for this long is reported as failed (not retried).
+# A worker that cannot be reached, or answers no probe, for this long is reported as
+# failed (not retried).
 DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS = 10.0
+# Every RPC's deadline. It bounds a computation that never ends on a worker that
+# still answers; a stopped worker is found by the probes, not by it. An hour is over
+# 100 times the longest round measured here (50 ConvNet clients on 2 loaded cores).
+DEFAULT_CALL_TIMEOUT_SECONDS = 3600.0
+# How long a call waits for its answer before asking whether the worker still answers.
+PROBE_INTERVAL = 5.0
+# A method no worker serves: a live gRPC server answers UNIMPLEMENTED at once.
+_PROBE_METHOD = '/tff_robust.Probe/Probe'
+# HTTP/2 keepalive while calls are pending. At gRPC's default of 2 pings between data
+# frames, the worker_binary's ping policy (one ping per 5 minutes, 2 strikes) never
+# answers with GOAWAY "too_many_pings", which unlimited pings every 5 s did.
+KEEPALIVE_OPTIONS = (('grpc.keepalive_time_ms', 30_000),
+                     ('grpc.keepalive_timeout_ms', 20_000),
+                     ('grpc.keepalive_permit_without_calls', 0))
+# TFF's retryable codes (its stub's): the worker restarted or lost an executor.
+_RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 class WorkerError(RuntimeError):
@@ -121,6 +140,10 @@ class WorkerError(RuntimeError):
   def __init__(self, address: str, message: str):
     super().__init__(f'TFF worker {address}: {message}')
     self.address = address
+
+
+class _WorkerBack(tff.framework.RetryableError):
+  """A worker failed a call and is reachable again: TFF reruns its share."""
 
 
 worker_binary_path = worker_launcher.worker_binary_path
@@ -174,7 +197,8 @@ def check_credentials_needed(addresses, credentials) -> None:
 def _channel_options(max_message_bytes: int):
   return [('grpc.max_message_length', max_message_bytes),
           ('grpc.max_send_message_length', max_message_bytes),
-          ('grpc.max_receive_message_length', max_message_bytes)]
+          ('grpc.max_receive_message_length', max_message_bytes),
+          *KEEPALIVE_OPTIONS]
 
 
 def make_channel(address: str, credentials: Optional[Credentials] = None,
@@ -196,7 +220,7 @@ _HANDSHAKE_FAILURE_WORDS = ('ssl', 'tls', 'handshake', 'certificate', 'peer name
 
 def _connect_error(channel, deadline: float) -> str:
   """The details of a call that fails at once, as the channel cannot connect."""
-  probe = channel.unary_unary('/tff_robust.Probe/Probe')
+  probe = channel.unary_unary(_PROBE_METHOD)
   try:
     probe(b'', wait_for_ready=False,
           timeout=max(min(deadline - time.monotonic(), 10.0), 0.1))
@@ -207,15 +231,19 @@ def _connect_error(channel, deadline: float) -> str:
 
 
 def wait_until_ready(address: str, timeout: float,
-                     credentials: Optional[Credentials] = None) -> None:
+                     credentials: Optional[Credentials] = None,
+                     channel: Optional[grpc.Channel] = None) -> None:
   """Blocks until a gRPC channel to `address` is ready (with `credentials`: its TLS
-  handshake succeeded).
+  handshake succeeded): `channel` (left open), or one made and closed here.
 
   Raises:
     WorkerError: after `timeout` seconds; at once if the worker refused the TLS
       handshake, or a driver without credentials met one that requires them.
   """
-  channel = make_channel(address, credentials)
+  global _last_readiness_wait
+  own_channel = channel is None
+  if own_channel:
+    channel = make_channel(address, credentials)
   ready = grpc.channel_ready_future(channel)
   deadline = time.monotonic() + timeout
   try:
@@ -241,21 +269,37 @@ def wait_until_ready(address: str, timeout: float,
                           (f' ({details}).' if details else '.'))
   finally:
     ready.cancel()
-    channel.close()
+    _last_readiness_wait = time.monotonic()
+    if own_channel:
+      _close_channel(channel)
 
 
 class _FailFastStub(tff.framework.RemoteExecutorStub):
-  """TFF's gRPC stub, but a worker that stays unreachable raises `WorkerError`.
+  """TFF's gRPC stub, but every call has a deadline and a worker that stays
+  unreachable, or stops answering, raises `WorkerError`.
 
   TFF's `AsyncExecutionContext` retries an UNAVAILABLE worker forever (backing off to
-  every 30 s), so a dead worker would hang the program silently. Here an RPC that
-  fails waits for the worker to come back until `unavailable_timeout` after the first
-  failure: if it does, the error stays retryable (TFF reruns that worker's share of
-  the call on fresh executor state); if not, `WorkerError` names the worker and is not
-  retried. The clock is the worker's, not the call's: the other calls of the failed
-  computation (TFF goes on running its sibling tasks) and the calls after it fail at
-  the same deadline, or at once after it, until the channel is ready again
-  (`DistributedContext.wait_until_connected`, or gRPC reconnecting on its own).
+  every 30 s), and TFF's stub sets no deadline, so a dead worker would hang the
+  program silently and a stopped one (SIGSTOP, a frozen machine: the connection
+  stays open) for good. Here:
+
+  - an RPC that fails as unavailable waits for the worker to come back until
+    `unavailable_timeout` after the first failure: if it does, the error stays
+    retryable (TFF reruns that worker's share of the call on fresh executor state);
+    if not, `WorkerError` names the worker and is not retried. The clock is the
+    worker's, not the call's: the other calls of the failed computation (TFF goes on
+    running its sibling tasks) and the calls after it fail at the same deadline, or
+    at once after it, until the worker answers a call again (or
+    `DistributedContext.wait_until_connected` finds it back);
+  - while an RPC waits for its answer, the worker is asked every `PROBE_INTERVAL`
+    seconds whether it still answers (an unknown method on a channel of its own, which
+    a live gRPC server refuses at once, however busy its executor is): a worker that
+    answers no probe for `unavailable_timeout` seconds has stopped; the call is
+    cancelled and raises `WorkerError`, within `PROBE_INTERVAL + unavailable_timeout`
+    of the stop. A slow worker still answers probes: how long a computation takes is
+    bounded by `call_timeout` only (every RPC's deadline);
+  - the channels send HTTP/2 keepalive pings (`KEEPALIVE_OPTIONS`) while calls are
+    pending, so a connection whose peer vanished without closing it is closed too.
 
   Freeing state on the worker (`dispose`, `dispose_executor`: TFF calls them when a
   call fails and when the context closes) never waits for it: one attempt, at most
@@ -264,23 +308,25 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
   that long again for every pending call and cached executor (issue 39).
   """
 
-  def __init__(self, address: str, channel, unavailable_timeout: float):
+  def __init__(self, address: str, channel, unavailable_timeout: float,
+               call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS,
+               probe_channel=None):
     self._address = address
     self._channel = channel
-    self._stub = tff.framework.RemoteExecutorGrpcStub(channel)
-    # The raw gRPC stub, for the freeing calls with a deadline.
+    # A connection of its own, so that a probe never queues behind a call's data.
+    self._probe_channel = probe_channel
     self._grpc_stub = executor_pb2_grpc.ExecutorGroupStub(channel)
     self._unavailable_timeout = unavailable_timeout
+    self._call_timeout = call_timeout
     # time.monotonic() of the first failed call since the worker was last reached.
     self._failing_since: Optional[float] = None
-    channel.subscribe(self._on_connectivity)
+    # Whether the worker answered no probe when last asked (stopped, not gone).
+    self._stopped = False
+    self._lock = threading.Lock()
+    self._closed = False
     # Serialized bytes of every request and response: what crosses the network.
     self.bytes_sent = 0
     self.bytes_received = 0
-
-  def _on_connectivity(self, state) -> None:
-    if state == grpc.ChannelConnectivity.READY:
-      self.reached()
 
   def reached(self) -> None:
     """The worker answers (again): a later failure starts a new clock."""
@@ -290,32 +336,121 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
   def failing(self) -> bool:
     return self._failing_since is not None
 
+  def close(self) -> None:
+    """No RPC after this one (the channels are closing): calls raise `WorkerError`
+    instead of gRPC's ValueError from a closed channel."""
+    self._closed = True
+    if self._probe_channel is not None:
+      self._probe_channel.close()  # Never subscribed to.
+
+  def answers(self, timeout: float) -> bool:
+    """Whether the worker's gRPC server answers a probe within `timeout` seconds."""
+    if self._probe_channel is None:
+      return True
+    probe = self._probe_channel.unary_unary(_PROBE_METHOD)
+    try:
+      probe(b'', timeout=timeout, wait_for_ready=True)
+    except grpc.RpcError as e:
+      # A live server refuses the unknown method; no answer, or no connection, in
+      # time is a worker that does not answer.
+      return isinstance(e, grpc.Call) and e.code() not in (
+          grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
+          grpc.StatusCode.CANCELLED)
+    except ValueError:  # The probe channel was closed meanwhile.
+      return False
+    return True
+
+  @property
+  def stopped(self) -> bool:
+    """Whether the worker answered no probe when last asked, and none since."""
+    return self._stopped
+
+  def _watch_until_answering(self) -> None:
+    """Probes the stopped worker in the background until it answers again (or the
+    stub closes); calls meanwhile fail at once."""
+    while not self._closed and not self.answers(self._unavailable_timeout):
+      pass
+    if not self._closed:
+      self._stopped = False
+      self.reached()
+
+  def _stopped_error(self, method: str, since: float) -> WorkerError:
+    with self._lock:
+      if not self._stopped:
+        self._stopped = True
+        threading.Thread(target=self._watch_until_answering, daemon=True,
+                         name=f'probe {self._address}').start()
+    if self._failing_since is None:
+      self._failing_since = since  # Nothing to free there: see `_free`.
+    return WorkerError(
+        self._address, f'stopped answering: no answer to {method} and none to a '
+        f'probe for {self._unavailable_timeout:g} s (is it stopped, or its machine '
+        'frozen?).')
+
+  def _await(self, method: str, future):
+    """`future`'s response, probing the worker while it is pending."""
+    while True:
+      try:
+        return future.result(timeout=PROBE_INTERVAL)
+      except grpc.FutureTimeoutError:
+        pass
+      asked = time.monotonic()
+      if self._stopped and not future.done():  # Found by another call meanwhile.
+        future.cancel()
+        raise self._stopped_error(method, asked)
+      if not future.done() and not self.answers(self._unavailable_timeout):
+        if future.done():  # The answer came as the probe gave up.
+          continue
+        future.cancel()
+        raise self._stopped_error(method, asked)
+
   def _call(self, method: str, request):
+    if self._closed:
+      raise WorkerError(self._address, f'{method} after the driver closed its '
+                        'channel (the program is ending).')
+    if self._stopped:  # Until the watching probe is answered: at once.
+      raise self._stopped_error(method, time.monotonic())
+    rpc = getattr(self._grpc_stub, method)
+    try:
+      future = rpc.future(request, timeout=self._call_timeout)
+    except ValueError:  # gRPC's "Channel closed!": the program is ending.
+      raise WorkerError(self._address, f'{method} after the driver closed its '
+                        'channel (the program is ending).') from None
     try:
       self.bytes_sent += request.ByteSize()
-      response = getattr(self._stub, method)(request)
+      response = self._await(method, future)
       self.bytes_received += response.ByteSize()
       self.reached()
       return response
-    except tff.framework.RetryableError as e:
-      if self._failing_since is None:
-        self._failing_since = time.monotonic()
-      remaining = self._failing_since + self._unavailable_timeout - time.monotonic()
-      try:
-        if remaining <= 0:
-          raise grpc.FutureTimeoutError()
-        grpc.channel_ready_future(self._channel).result(timeout=remaining)
-      except grpc.FutureTimeoutError:
-        raise WorkerError(
-            self._address, f'unreachable for {self._unavailable_timeout:g} s during '
-            f'{method} ({_grpc_details(e)}); did the worker stop?') from None
-      raise  # Back: TFF retries this worker's share.
     except grpc.RpcError as e:
-      raise WorkerError(self._address, f'{method} failed: {_grpc_details(e)}') from e
+      code = e.code() if isinstance(e, grpc.Call) else None
+      if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        raise WorkerError(
+            self._address, f'{method} did not finish within {self._call_timeout:g} s '
+            '(the calls\' deadline: --worker_call_timeout, call_timeout=) although '
+            'the worker answers; raise it for longer computations.') from None
+      if self._closed or code == grpc.StatusCode.CANCELLED:
+        raise WorkerError(self._address, f'{method} was cancelled (the driver is '
+                          'closing its channel).') from None
+      if code not in _RETRYABLE_CODES:
+        raise WorkerError(self._address, f'{method} failed: {_grpc_details(e)}') from e
+      self._wait_back(method, e)
+      raise _WorkerBack(e) from e  # Back: TFF retries this worker's share.
+
+  def _wait_back(self, method: str, error) -> None:
+    """Returns once the channel is ready again; `WorkerError` if it is not by
+    `unavailable_timeout` after the worker's first failure."""
+    if self._failing_since is None:
+      self._failing_since = time.monotonic()
+    remaining = self._failing_since + self._unavailable_timeout - time.monotonic()
+    if remaining <= 0 or not _ready_within(self._channel, remaining):
+      raise WorkerError(
+          self._address, f'unreachable for {self._unavailable_timeout:g} s during '
+          f'{method} ({_grpc_details(error)}); did the worker stop?')
 
   def _free(self, method: str, request):
     """One attempt at a freeing call; None if the worker is away."""
-    if self.failing:
+    if self.failing or self._closed:
       return None
     try:
       self.bytes_sent += request.ByteSize()
@@ -328,24 +463,26 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
           e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)):
         self._failing_since = time.monotonic()  # Nothing left to free there.
       return None
+    except ValueError:  # The channel closed meanwhile (the program is ending).
+      return None
 
   def get_executor(self, request):
-    return self._call('get_executor', request)
+    return self._call('GetExecutor', request)
 
   def create_value(self, request):
-    return self._call('create_value', request)
+    return self._call('CreateValue', request)
 
   def create_struct(self, request):
-    return self._call('create_struct', request)
+    return self._call('CreateStruct', request)
 
   def create_call(self, request):
-    return self._call('create_call', request)
+    return self._call('CreateCall', request)
 
   def create_selection(self, request):
-    return self._call('create_selection', request)
+    return self._call('CreateSelection', request)
 
   def compute(self, request):
-    return self._call('compute', request)
+    return self._call('Compute', request)
 
   def dispose(self, request):
     return self._free('Dispose', request)
@@ -355,7 +492,38 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
 
   @property
   def is_ready(self) -> bool:
-    return self._stub.is_ready
+    """Whether the worker is taken to answer (no failure since it last did)."""
+    return not self.failing and not self._stopped
+
+
+# gRPC's thread that watches a subscribed channel stops within this long after the
+# last subscription ends (it polls every 0.2 s); closed while it runs, the channel
+# makes it print a "Channel closed!" traceback.
+_GRPC_POLLING_ENDS_SECONDS = 0.5
+# time.monotonic() at which the last wait for a channel's readiness ended.
+_last_readiness_wait = -math.inf
+
+
+def _ready_within(channel, timeout: float) -> bool:
+  """Whether `channel` connects within `timeout` seconds. The wait's subscription
+  ends with it: one left on the channel would print a traceback when it closes."""
+  global _last_readiness_wait
+  ready = grpc.channel_ready_future(channel)
+  try:
+    ready.result(timeout=timeout)
+    return True
+  except grpc.FutureTimeoutError:
+    return False
+  finally:
+    ready.cancel()
+    _last_readiness_wait = time.monotonic()
+
+
+def _close_channel(channel) -> None:
+  """Closes `channel` once gRPC's watching thread of a recent wait has ended."""
+  time.sleep(max(_last_readiness_wait + _GRPC_POLLING_ENDS_SECONDS - time.monotonic(),
+                 0))
+  channel.close()
 
 
 def _grpc_details(error) -> str:
@@ -369,12 +537,21 @@ class _WorkerContext:
   """One worker's channel, executor factory and async context."""
 
   def __init__(self, address: str, max_message_bytes: int, connect_timeout: float,
-               unavailable_timeout: float, credentials: Optional[Credentials]):
+               unavailable_timeout: float, credentials: Optional[Credentials],
+               call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS):
     self.address = address
-    wait_until_ready(address, connect_timeout, credentials)
     self.channel = make_channel(address, credentials,
                                 _channel_options(max_message_bytes))
-    stub = _FailFastStub(address, self.channel, unavailable_timeout)
+    try:
+      wait_until_ready(address, connect_timeout, credentials, self.channel)
+    except BaseException:
+      _close_channel(self.channel)
+      raise
+    # Other options than the calls' channel: gRPC gives it a connection of its own.
+    self._probe_channel = make_channel(address, credentials,
+                                       [('tff_robust.probe_channel', 1)])
+    stub = _FailFastStub(address, self.channel, unavailable_timeout, call_timeout,
+                         self._probe_channel)
     self.stub = stub
 
     def executor_fn(cardinalities):
@@ -384,23 +561,35 @@ class _WorkerContext:
       executor.set_cardinalities(cardinalities)
       return executor
 
+    self._executor_fn = executor_fn
     self.executor_factory = tff.framework.ResourceManagingExecutorFactory(executor_fn)
+    self._factories = [self.executor_factory]
     self.context = tff.framework.AsyncExecutionContext(
         executor_fn=self.executor_factory,
         compiler_fn=native_compiler.desugar_and_transform_to_native,
         transform_args=tensorflow_computation.transform_args,
         transform_result=tensorflow_computation.transform_result)
 
+  def new_async_context(self) -> tff.framework.AsyncExecutionContext:
+    """Another async context on this worker, with executors of its own."""
+    factory = tff.framework.ResourceManagingExecutorFactory(self._executor_fn)
+    self._factories.append(factory)
+    return tff.framework.AsyncExecutionContext(
+        executor_fn=factory,
+        compiler_fn=native_compiler.desugar_and_transform_to_native,
+        transform_args=tensorflow_computation.transform_args,
+        transform_result=tensorflow_computation.transform_result)
+
   def close(self):
     # Frees this client's executors on the worker (a gone worker is skipped).
-    for cardinalities in list(self.executor_factory._executors.keys()):  # pylint: disable=protected-access
-      try:
-        self.executor_factory.clean_up_executor(dict(cardinalities))
-      except Exception:  # pylint: disable=broad-except
-        pass
-    # No callback left for gRPC's connectivity thread to poll the closed channel for.
-    self.channel.unsubscribe(self.stub._on_connectivity)  # pylint: disable=protected-access
-    self.channel.close()
+    for factory in self._factories:
+      for cardinalities in list(factory._executors.keys()):  # pylint: disable=protected-access
+        try:
+          factory.clean_up_executor(dict(cardinalities))
+        except Exception:  # pylint: disable=broad-except
+          pass
+    self.stub.close()
+    _close_channel(self.channel)
 
 
 class _Piece(cardinality_carrying_base.CardinalityCarrying):
@@ -606,8 +795,11 @@ class DistributedContext(tff.framework.SyncContext):
   (`tff_robust.distributed.passwise.register_equivalent`; the `next` of every
   learning process tff_robust builds), which then runs instead.
 
-  A worker that cannot be reached for `unavailable_timeout` seconds makes `invoke`
-  raise `WorkerError` naming it. `close()` frees this program's state on the workers
+  A worker that cannot be reached, or answers no probe (stopped), for
+  `unavailable_timeout` seconds makes `invoke` raise `WorkerError` naming it, within
+  `unavailable_timeout` (unreachable) or `PROBE_INTERVAL + unavailable_timeout`
+  (stopped) seconds; a call that outlasts `call_timeout` on a worker that still
+  answers raises it too. `close()` frees this program's state on the workers
   and closes the channels (it does not stop the workers).
 
   With `credentials` every channel is mutual TLS; without them, every worker must be
@@ -618,7 +810,9 @@ class DistributedContext(tff.framework.SyncContext):
                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
                unavailable_timeout: float = DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS,
-               keep_round_values: bool = True):
+               keep_round_values: bool = True,
+               call_timeout: float = DEFAULT_CALL_TIMEOUT_SECONDS,
+               merge_context=None):
     """Connects to the workers (waits up to `connect_timeout` s for each).
 
     Args:
@@ -630,8 +824,15 @@ class DistributedContext(tff.framework.SyncContext):
       max_message_bytes: gRPC message limit, > the largest value sent (a model, a
         client's dataset or update, a partial aggregate); at most 2^31 − 1.
       connect_timeout: seconds to wait for a worker at start; finite, > 0.
-      unavailable_timeout: seconds a worker may be unreachable during a call
-        before `WorkerError`; finite, > 0.
+      unavailable_timeout: seconds a worker may be unreachable, or answer no probe,
+        during a call before `WorkerError`; finite, > 0.
+      call_timeout: every RPC's deadline, in seconds (finite, > 0): longer than
+        any one computation takes on a worker (a worker that stops is found by the
+        probes, not by this).
+      merge_context: where the workers' partial aggregates are merged: an async TFF
+        context of the driver's own (`private_local_execution().async_context`),
+        so that no worker receives another's partial sums; None: on the first
+        worker (which then receives every other worker's).
       keep_round_values: whether `keep_on_workers` keeps values on the workers
         (the pass-by-pass aggregations then send each client's update to its worker
         once per round); False: it returns them as they are and every call sends
@@ -655,12 +856,13 @@ class DistributedContext(tff.framework.SyncContext):
     connect_timeout = arguments.check_positive_float('connect_timeout', connect_timeout)
     unavailable_timeout = arguments.check_positive_float('unavailable_timeout',
                                                          unavailable_timeout)
+    call_timeout = arguments.check_positive_float('call_timeout', call_timeout)
     self._workers = []
     try:
       for address in self.addresses:
         self._workers.append(_WorkerContext(address, max_message_bytes,
                                             connect_timeout, unavailable_timeout,
-                                            credentials))
+                                            credentials, call_timeout))
     except BaseException:
       self.close()
       raise
@@ -670,6 +872,7 @@ class DistributedContext(tff.framework.SyncContext):
         mergeable_comp_compiler.compile_to_mergeable_comp_form)
     self._runner = async_utils.AsyncThreadRunner()
     self.keep_round_values = bool(keep_round_values)
+    self._merge_context = merge_context
     # The workers' own compiler (their contexts'), for calls on resident values.
     native = compiler_pipeline.CompilerPipeline(
         native_compiler.desugar_and_transform_to_native)
@@ -729,7 +932,7 @@ class DistributedContext(tff.framework.SyncContext):
     else:
       shards = _shards(arg, form.up_to_merge.type_signature.parameter, len(contexts))
     result = self._runner.run_coro_and_return_result(
-        _invoke_in_order(form, shards, contexts))
+        _invoke_in_order(form, shards, contexts, self._merge_context))
     return type_conversions.type_to_py_container(
         result, form.after_merge.type_signature.result)
 
@@ -811,18 +1014,22 @@ class DistributedContext(tff.framework.SyncContext):
     return result
 
   def wait_until_connected(self, timeout: float) -> None:
-    """Blocks until this context's channel to every worker is ready, e.g. after a
-    worker restarted: gRPC reconnects after a backoff that grows the longer the
-    worker was away, so a call right after the restart may find it still waiting.
+    """Blocks until this context's channel to every worker is ready and every
+    worker answers, e.g. after a worker restarted (gRPC reconnects after a backoff
+    that grows the longer the worker was away, so a call right after the restart may
+    find it still waiting) or continued after it stopped.
 
     Raises:
       WorkerError: naming a worker still unreachable after `timeout` seconds.
     """
+    deadline = time.monotonic() + timeout
     for worker in self._workers:
-      try:
-        grpc.channel_ready_future(worker.channel).result(timeout=timeout)
-      except grpc.FutureTimeoutError as e:
-        raise WorkerError(worker.address, f'not reachable within {timeout:g} s.') from e
+      if not _ready_within(worker.channel, max(deadline - time.monotonic(), 0)):
+        raise WorkerError(worker.address, f'not reachable within {timeout:g} s.')
+      while worker.stub.stopped:
+        if time.monotonic() > deadline:
+          raise WorkerError(worker.address, f'not answering within {timeout:g} s.')
+        time.sleep(0.05)
       worker.stub.reached()
 
   def traffic(self) -> dict[str, tuple[int, int]]:
@@ -889,18 +1096,19 @@ def _clients_slice(value, type_spec, start: int, stop: int):
   return value
 
 
-async def _invoke_in_order(form, shards, contexts):
+async def _invoke_in_order(form, shards, contexts, merge_context=None):
   """`form` (a `MergeableCompForm`) on `shards`, one per context: every shard's
-  `up_to_merge` at once, their partial aggregates merged in shard order, then
-  `after_merge` on every shard, its results concatenated in shard order."""
+  `up_to_merge` at once, their partial aggregates merged in shard order (in
+  `merge_context`, default the first worker's), then `after_merge` on every shard,
+  its results concatenated in shard order."""
   contexts = contexts[:len(shards)]
   partials = await asyncio.gather(*(
       context.invoke(form.up_to_merge, shard)
       for shard, context in zip(shards, contexts)))
+  merger = merge_context if merge_context is not None else contexts[0]
   merged = partials[0]
   for partial in partials[1:]:
-    merged = await contexts[0].invoke(form.merge,
-                                      structure.Struct.unnamed(merged, partial))
+    merged = await merger.invoke(form.merge, structure.Struct.unnamed(merged, partial))
   result_type = form.after_merge.type_signature.result
   if type_analysis.contains_only(
       result_type, lambda t: not isinstance(t, tff.FederatedType) or t.all_equal):
@@ -928,6 +1136,83 @@ def distributed_execution(addresses, **kwargs):
       yield context
   finally:
     context.close()
+
+
+DriverExecution = collections.namedtuple('DriverExecution',
+                                         ['context', 'async_context'])
+
+
+@contextlib.contextmanager
+def private_local_execution(max_message_megabytes: int = 10_000,
+                            startup_timeout: float = 300.0):
+  """Runs the TFF computations of the block that no other context takes (this
+  thread's) on a worker_binary of this process's own that nothing else can reach.
+
+  TFF's own local context starts its worker_binary listening on every interface,
+  insecure: anyone who reaches the machine could run TensorFlow in it. Here the
+  binary is `python -m tff_robust.distributed --listen_unix=PATH`: in a private
+  network namespace, behind a Unix socket in a directory only this user may enter
+  (mode 0700), as an unprivileged user when this process is root (as every worker).
+  So a driver (`tasks.binaries.train --workers`) listens on no network at all. The
+  results are TFF's local context's (the same compiler and binary).
+
+  Yields a `DriverExecution`: its `context` (a `tff.framework.SyncExecutionContext`,
+  installed for the block) and `async_context` (on the same worker, for
+  `DistributedContext(merge_context=...)`: the workers' partial sums merged here).
+
+  Raises:
+    WorkerError: if the worker did not start within `startup_timeout` seconds.
+  """
+  directory = tempfile.mkdtemp(prefix='tff_driver_')  # Mode 0700: this user's.
+  path = os.path.join(directory, 'worker.sock')
+  process = worker_launcher.start_worker(
+      sys.executable, ['-m', 'tff_robust.distributed.worker_launcher',
+                       f'--listen_unix={path}',
+                       f'--grpc_max_message_length_megabytes={max_message_megabytes}'],
+      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+  worker = None
+  try:
+    _wait_for_unix_socket(process, path, startup_timeout)
+    worker = _WorkerContext(f'unix:{path}', DEFAULT_MAX_MESSAGE_BYTES,
+                            startup_timeout, DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, None)
+    context = tff.framework.SyncExecutionContext(
+        executor_fn=worker.executor_factory,
+        compiler_fn=native_compiler.desugar_and_transform_to_native,
+        transform_args=tensorflow_computation.transform_args,
+        transform_result=tensorflow_computation.transform_result)
+    with tff.framework.get_context_stack().install(context):
+      # An executor factory of its own: the merges run in another event loop.
+      yield DriverExecution(context, worker.new_async_context())
+  finally:
+    if worker is not None:
+      worker.close()
+    if process.poll() is None:
+      process.send_signal(signal.SIGINT)
+      try:
+        process.wait(10)
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _wait_for_unix_socket(process: subprocess.Popen, path: str,
+                          timeout: float) -> None:
+  """Blocks until the launcher `process` accepts connections at `path`."""
+  deadline = time.monotonic() + timeout
+  while True:
+    if process.poll() is not None:
+      raise WorkerError(f'unix:{path}', 'the driver\'s own worker exited with status '
+                        f'{process.returncode} before listening (its error is above).')
+    try:
+      with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.connect(path)
+      return
+    except OSError:
+      if time.monotonic() > deadline:
+        raise WorkerError(f'unix:{path}', f'the driver\'s own worker was not '
+                          f'listening after {timeout:g} s.') from None
+      time.sleep(0.02)
 
 
 # Flags a LocalWorkers' launcher sets, reads itself, or that would stop it starting a
@@ -963,7 +1248,8 @@ class LocalWorkers:
       with distributed_execution(workers.addresses): ...
 
   Each worker is `python -m tff_robust.distributed.worker_launcher` (`tff_robust.distributed`'s
-  worker command): its worker_binary runs in a private network namespace, and the
+  worker command): its worker_binary runs in a private network namespace (as
+  `nobody` when this process is root), and the
   launcher forwards connections to it from a port on `host` (a loopback address,
   default 127.0.0.1), with mutual TLS if `credentials` (the workers' side,
   `Credentials.worker(directory)` or that directory) are given; the driver then

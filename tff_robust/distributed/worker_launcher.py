@@ -15,20 +15,32 @@ package's `__init__` loads its modules lazily, so nothing imports TensorFlow): i
     a second worker_binary on a used port would start silently and the kernel would
     split new connections between the two), and binds it itself;
 3.  moves into a private network namespace (`tff_robust.distributed.worker_network`: only a
-    loopback interface, nothing outside can address it) and starts the worker_binary
-    shipped in the TFF package there (found without importing TFF), its output to this
-    process's, the kernel killing it if this process dies. Where the kernel allows no
-    such namespace the worker is not started (status 1, saying how to allow one);
+    loopback interface, nothing outside can address it), started by root becomes
+    `--user` (default `nobody`; root is refused) for good, and starts the
+    worker_binary shipped in the TFF package there (found without importing TFF),
+    its output to this process's, the kernel killing it if this process dies. Where
+    the kernel allows no such namespace the worker is not started (status 1, saying
+    how to allow one);
 4.  connects to the binary in the private network until it accepts, checks that every
     socket listening there is the binary's own, starts listening on the public port,
     forwarding each accepted (with TLS: authenticated) connection to the binary, and
     prints one line `listening on HOST:PORT ...` to stdout;
-5.  passes SIGINT, SIGTERM and SIGHUP on to the worker and exits when it does.
+5.  passes SIGINT, SIGTERM (even where they were ignored, as in a script's
+    background job) and SIGHUP (unless ignored: nohup) on to the worker and exits
+    when it does.
+
+`--listen_unix=PATH` instead of a port: a Unix socket in a directory of this user's
+with mode 0700, for a driver's own computations
+(`tff_robust.distributed.private_local_execution`): no network reaches it, no other
+user opens it.
 
 The other flags go to the worker_binary. `tff_robust.distributed.LocalWorkers` starts
 its workers with this command.
 """
 
+# Loaded now: the launcher started by root becomes a user who may not read the
+# standard library's directory, and connecting to a host name loads this codec.
+import encodings.idna  # pylint: disable=unused-import
 import errno
 import importlib.util
 import os
@@ -48,7 +60,7 @@ _TCP_LISTEN = '0A'
 INDIRECT_FLAGS = ('flagfile', 'fromenv', 'tryfromenv')
 # The launcher's own flags (not passed to the worker_binary).
 TLS_FLAGS = ('tls_cert', 'tls_key', 'tls_client_ca')
-OWN_FLAGS = TLS_FLAGS + ('listen_host',)
+OWN_FLAGS = TLS_FLAGS + ('listen_host', 'listen_unix', 'user')
 # Flags that make the launcher print the binary's help instead of starting a worker.
 HELP_FLAGS = ('help', 'helpfull', 'helpshort', 'version')
 _NO_CREDENTIALS = (
@@ -256,13 +268,39 @@ def split_flags(args: Sequence[str]) -> tuple[dict[str, str], list[str]]:
   return own, rest
 
 
+def check_private_socket_path(path: str) -> None:
+  """A --listen_unix path is in a directory of this user's that nobody else may
+  enter (mode 0700 or stricter), so that only this user (and root) can connect.
+
+  Raises:
+    ValueError: naming the path and what is wrong.
+  """
+  directory = os.path.dirname(os.path.abspath(path))
+  try:
+    status = os.stat(directory)
+  except OSError as e:
+    raise ValueError(f'--listen_unix={path}: {e.strerror} ({directory}).') from None
+  if status.st_uid != os.geteuid() or status.st_mode & 0o077:
+    raise ValueError(f'--listen_unix={path}: its directory {directory} must be yours '
+                     'and closed to everyone else (mode 0700), so that no other user '
+                     'reaches the worker.')
+  if os.path.lexists(path):
+    raise ValueError(f'--listen_unix={path} exists: give a new path.')
+
+
 def listen_settings(own: dict[str, str]) -> tuple[str, Optional[tuple[str, str, str]]]:
   """(address to listen on, (cert, key, client CA) or None) from the own flags.
 
   Raises:
     ValueError: some but not all --tls_* flags, or a --listen_host other than
-      loopback without them.
+      loopback without them, or --listen_unix with either.
   """
+  if 'listen_unix' in own:
+    if any(name in own for name in ('listen_host', *TLS_FLAGS)):
+      raise ValueError('--listen_unix is for a driver\'s own worker on this machine: '
+                       'give it without --listen_host and --tls_*.')
+    check_private_socket_path(own['listen_unix'])
+    return own['listen_unix'], None
   given = [name for name in TLS_FLAGS if name in own]
   if given and len(given) != len(TLS_FLAGS):
     missing = ', '.join(f'--{n}' for n in TLS_FLAGS if n not in own)
@@ -286,10 +324,27 @@ def _die_with_parent():
     pass
 
 
+def _default_signals_and_die_with_parent():
+  # Runs in the child before exec. A program started in a script's background has
+  # SIGINT ignored, and an ignored signal stays ignored across exec: the launcher
+  # passes SIGINT and SIGTERM on, so the binary must not ignore them.
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, signal.SIG_DFL)
+  _die_with_parent()
+
+
 def start_worker(binary: str, args: Sequence[str], **popen_kwargs) -> subprocess.Popen:
   """Starts `binary` with `args`, killed by the kernel if this process dies."""
   return subprocess.Popen([binary, *args], preexec_fn=_die_with_parent, close_fds=True,
                           **popen_kwargs)
+
+
+def _start_binary(binary_fd: int, binary: str, args: Sequence[str]) -> subprocess.Popen:
+  """The worker_binary, executed through `binary_fd` (opened before this process
+  became an unprivileged user, who may not reach its path), in `/`."""
+  return subprocess.Popen([binary, *args], executable=f'/proc/self/fd/{binary_fd}',
+                          pass_fds=(binary_fd,), cwd='/',
+                          preexec_fn=_default_signals_and_die_with_parent)
 
 
 def _error(message: str) -> None:
@@ -312,6 +367,27 @@ def _listening_line(host: str, port: int, tls, binary_pid: int) -> str:
           f'reach it at {_shown(where, port)} with the deployment\'s credentials')
 
 
+def _unix_listening_line(path: str, binary_pid: int) -> str:
+  return (f'listening on unix:{path} (this user only: no network), worker_binary pid '
+          f'{binary_pid}, uid {os.geteuid()}')
+
+
+def _run_as(user: Optional[str]) -> Optional[tuple[int, int]]:
+  """(uid, gid) the launcher becomes, started by root (`--user`, default nobody);
+  None for another user, who stays who they are.
+
+  Raises:
+    ValueError: --user as another user than root, or naming root.
+  """
+  if os.geteuid() != 0:
+    if user is not None:
+      raise ValueError(f'--user={user}: only a worker started by root changes its '
+                       'user (it then runs as --user, default '
+                       f'{worker_network.DEFAULT_USER}).')
+    return None
+  return worker_network.unprivileged_ids(user)
+
+
 def main(argv: Sequence[str]) -> int:
   """Runs one worker in the foreground (module docstring); returns the exit status."""
   args = list(argv[1:])
@@ -325,6 +401,8 @@ def main(argv: Sequence[str]) -> int:
   try:
     own, args = split_flags(args)
     host, tls = listen_settings(own)
+    unix = 'listen_unix' in own
+    run_as = _run_as(own.get('user'))
     port = parse_port(args)
     ssl_context = (worker_network.server_ssl_context(*tls) if tls is not None
                    else None)
@@ -332,8 +410,11 @@ def main(argv: Sequence[str]) -> int:
     _error(str(e))
     return 2
   try:
-    check_port_free(port)
-    listener = worker_network.bind_listener(host, port)
+    if unix:  # --port is the binary's in the private network only.
+      listener = worker_network.bind_unix_listener(host)
+    else:
+      check_port_free(port)
+      listener = worker_network.bind_listener(host, port)
   except PortInUseError as e:
     _error(str(e))
     return 1
@@ -343,13 +424,16 @@ def main(argv: Sequence[str]) -> int:
     else:
       _error(f'cannot listen on {_shown(host, port)}: {e.strerror or e}.')
     return 1
-  host = listener.getsockname()[0]  # E.g. 0.0.0.0 for :: on a machine without IPv6.
+  if not unix:
+    host = listener.getsockname()[0]  # E.g. 0.0.0.0 for :: without IPv6.
+  binary_fd = os.open(binary, os.O_RDONLY)
   try:
-    worker_network.enter_private_network()
+    worker_network.enter_private_network(run_as)
   except worker_network.IsolationError as e:
     _error(e.strerror)
     return 1
-  process = start_worker(binary, args)
+  process = _start_binary(binary_fd, binary, args)
+  os.close(binary_fd)
   forwarded = []
 
   def forward(signum, frame):
@@ -360,8 +444,11 @@ def main(argv: Sequence[str]) -> int:
     except ProcessLookupError:
       pass
 
+  # SIGINT and SIGTERM are passed on even where they were ignored (a script's
+  # background job ignores SIGINT): someone sent them on purpose. SIGHUP ignored
+  # (nohup) stays so.
   for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    if signal.getsignal(signum) != signal.SIG_IGN:  # Ignored (nohup, `&`): stays so.
+    if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:
       signal.signal(signum, forward)
   try:
     # In the private network: the binary on its loopback.
@@ -377,7 +464,8 @@ def main(argv: Sequence[str]) -> int:
       return 128 + forwarded[0]
     _error(str(e))
     return 1
-  print(_listening_line(host, port, tls, process.pid), flush=True)
+  print(_unix_listening_line(host, process.pid) if unix else
+        _listening_line(host, port, tls, process.pid), flush=True)
   status = process.wait()
   if status < 0:
     if -status not in forwarded:

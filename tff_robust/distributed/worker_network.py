@@ -17,8 +17,12 @@ no flag for an address, TLS or authentication. `tff_robust.distributed.worker_la
 Sockets belong to the namespace they were created in, so the listening socket made in
 step 1 keeps accepting from the machine's network while every socket the launcher
 creates afterwards, and every socket of the worker_binary, lives in the private one.
-The worker_binary, whose user is not root in that user namespace, also keeps none of
-the machine's capabilities (even when started by root).
+Started by root, the launcher makes the network namespace as root and then becomes an
+unprivileged user (`--user`, default `nobody`) before it starts the binary: neither
+it nor the binary has the machine's capabilities or root's rights on its files (a
+user namespace alone would leave the binary uid 0 on the machine, the owner of
+root's files). Started by another user, the binary runs as that user, without
+capabilities.
 """
 
 import asyncio
@@ -27,6 +31,7 @@ import errno
 import fcntl
 import ipaddress
 import os
+import pwd
 import socket
 import ssl
 import struct
@@ -91,6 +96,11 @@ def network_namespace(pid: Optional[int] = None) -> str:
 # The uid and gid that root (outside) becomes inside: not root, so that what this
 # process starts keeps no capabilities, even in the new user namespace.
 _UNPRIVILEGED_ID = 65534
+# Whom a worker started by root runs as, unless --user says otherwise.
+DEFAULT_USER = 'nobody'
+_PR_SET_PDEATHSIG = 1
+_PR_GET_PDEATHSIG = 2
+_PR_SET_NO_NEW_PRIVS = 38
 
 
 def _map_ids(uid: int, gid: int) -> None:
@@ -111,10 +121,61 @@ def _map_ids(uid: int, gid: int) -> None:
     f.write(f'{inner_gid} {gid} 1')
 
 
-def enter_private_network() -> None:
+def unprivileged_ids(user: Optional[str] = None) -> tuple[int, int]:
+  """(uid, gid) of `user` (a name or a number; default `nobody`, else 65534).
+
+  Raises:
+    ValueError: for an unknown name, or root.
+  """
+  if user is None:
+    try:
+      entry = pwd.getpwnam(DEFAULT_USER)
+      return entry.pw_uid, entry.pw_gid
+    except KeyError:
+      return _UNPRIVILEGED_ID, _UNPRIVILEGED_ID
+  try:
+    entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    ids = entry.pw_uid, entry.pw_gid
+  except KeyError:
+    if not user.isdigit():
+      raise ValueError(f'--user={user}: no such user on this machine.') from None
+    ids = int(user), int(user)
+  if ids[0] == 0:
+    raise ValueError(f'--user={user} is root: the worker_binary runs whatever '
+                     'TensorFlow its driver sends, so it runs as a user without rights '
+                     f'on this machine\'s files (default {DEFAULT_USER}).')
+  return ids
+
+
+def _prctl(option: int, value: int) -> int:
+  return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _drop_to(uid: int, gid: int) -> None:
+  """Becomes `uid`/`gid` for good (no supplementary groups, no capabilities: a
+  change from root to another uid clears them) and keeps the parent-death signal,
+  which the kernel clears on a change of uid."""
+  death_signal = ctypes.c_int(0)
+  ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_PDEATHSIG,
+                                          ctypes.byref(death_signal), 0, 0, 0)
+  parent = os.getppid()
+  os.setgroups([])
+  os.setresgid(gid, gid, gid)
+  os.setresuid(uid, uid, uid)
+  if death_signal.value:
+    _prctl(_PR_SET_PDEATHSIG, death_signal.value)
+    if os.getppid() != parent:  # The parent died before the signal was set again.
+      os.kill(os.getpid(), death_signal.value)
+
+
+def enter_private_network(run_as: Optional[tuple[int, int]] = None) -> None:
   """Moves this process into a new network namespace with only a loopback interface
-  (up): a new user namespace too where the kernel allows one (needed without root;
-  with root it also takes the machine's capabilities away from what runs inside).
+  (up): a new user namespace too where the kernel allows one (needed without root).
+
+  With `run_as` (uid, gid; root only), this process then becomes that user: what it
+  starts has neither the machine's capabilities nor root's rights on its files. No
+  program started afterwards gains privileges (no_new_privs: set-user-ID files do
+  not apply).
 
   Must run while this process has a single thread (a user namespace requires it).
 
@@ -124,6 +185,18 @@ def enter_private_network() -> None:
   """
   if threading.active_count() > 1:
     raise IsolationError(errno.EINVAL, 'enter_private_network needs a single thread.')
+  if run_as is not None:
+    error = _unshare(_CLONE_NEWNET)
+    if error:
+      raise IsolationError(error, (
+          'cannot put the worker_binary in a private network namespace: unshare('
+          f'CLONE_NEWNET) failed as root ({os.strerror(error)}). The worker_binary '
+          'has no way to listen on one address or to check its callers, so it is not '
+          'started without one. In a container, allow unshare (a seccomp profile).'))
+    _loopback_up()
+    _drop_to(*run_as)
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    return
   uid, gid = os.geteuid(), os.getegid()
   error = _unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
   if not error:
@@ -142,6 +215,7 @@ def enter_private_network() -> None:
           'container, a seccomp profile that allows unshare) or start the worker as '
           'root.'))
   _loopback_up()
+  _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
 def server_ssl_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
@@ -344,3 +418,15 @@ def bind_listener(host: str, port: int) -> socket.socket:
         raise
       last_error = e
   raise last_error or OSError(errno.EADDRNOTAVAIL, f'cannot bind {host}:{port}')
+
+
+def bind_unix_listener(path: str) -> socket.socket:
+  """A Unix stream socket bound (not yet listening) at `path`: reachable from this
+  machine's file system only, by whoever may enter its directory."""
+  listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  try:
+    listener.bind(path)
+  except OSError:
+    listener.close()
+    raise
+  return listener

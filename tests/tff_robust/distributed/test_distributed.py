@@ -3,11 +3,14 @@ over two local worker_binary processes (127.0.0.1) equal the single-process resu
 
 import os
 import shutil
+import signal
 import time
 
+import grpc
 import numpy as np
 import pytest
 import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import executor_pb2
 
 from baselines import wrappers
 from tests.helpers import aggregator_cases as cases
@@ -19,6 +22,7 @@ from tff_robust.aggregators import gamma_mean
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import gradient_masking
 from tff_robust.aggregators import nonfinite
+from tff_robust.distributed import execution
 from tff_robust.distributed import passwise
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
@@ -196,6 +200,97 @@ def test_a_dead_worker_fails_the_call_once_and_closing_does_not_wait_for_it():
   assert closed - failed < timeout
 
 
+@pytest.mark.filterwarnings('error::pytest.PytestUnhandledThreadExceptionWarning')
+def test_calls_on_a_closed_channel_raise_no_grpc_value_error():
+  # Issue 54: a program ended by SIGTERM during a call closed its channels while
+  # TFF's threads still freed values on them: gRPC's ValueError ("Cannot invoke
+  # RPC: Channel closed!") printed as thread tracebacks.
+  address = '127.0.0.1:1'
+  channel = grpc.insecure_channel(address)
+  stub = execution._FailFastStub(address, channel, 1.0)  # pylint: disable=protected-access
+  channel.close()
+  assert stub.dispose(executor_pb2.DisposeRequest()) is None
+  assert stub.dispose_executor(executor_pb2.DisposeExecutorRequest()) is None
+  with pytest.raises(distributed.WorkerError, match='closed its channel'):
+    stub.compute(executor_pb2.ComputeRequest())
+
+
+def test_partial_sums_merge_in_the_drivers_own_context(workers):
+  # Issue 54: the workers' partial sums were merged on the first worker, which so
+  # received every other worker's. With merge_context, no worker runs a merge.
+  values, weights = round_of_clients(seed=7, nonfinite=False)
+  process = passwise.PasswiseFactory(FACTORIES['gm']()).create(
+      cases.VALUE_TYPE, cases.WEIGHT_TYPE)
+  merges, on_workers = [], []
+  worker_invoke = execution._WorkerInvoker.invoke  # pylint: disable=protected-access
+
+  async def recording_invoke(self, comp, arg):
+    on_workers.append(comp)
+    return await worker_invoke(self, comp, arg)
+
+  with distributed.private_local_execution() as driver:
+    merge_invoke = driver.async_context.invoke
+
+    async def recording_merge(comp, arg):
+      merges.append(comp)
+      return await merge_invoke(comp, arg)
+
+    driver.async_context.invoke = recording_merge
+    context = distributed.DistributedContext(
+        workers.addresses, merge_context=driver.async_context, connect_timeout=60)
+    try:
+      with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(execution._WorkerInvoker, 'invoke', recording_invoke)  # pylint: disable=protected-access
+        with tff.framework.get_context_stack().install(context):
+          got = process.next(process.initialize(), values, weights)
+    finally:
+      context.close()
+  # A merge for every pass computation at least (two workers), none on a worker.
+  assert len(merges) >= process.computations_per_call
+  assert not {id(m) for m in merges} & {id(c) for c in on_workers}
+  want = single_process_rounds('gm', [(values, weights)])[0]
+  structures.assert_same(got.result, want.result)
+
+
+# No thread traceback either: gRPC's "Channel closed!" printed twice after such a
+# failure (issue 54), from the channel's connectivity watch.
+@pytest.mark.filterwarnings('error::pytest.PytestUnhandledThreadExceptionWarning')
+@pytest.mark.parametrize('stopped', ['launcher', 'worker_binary'])
+def test_a_stopped_worker_fails_the_call_within_the_probe_bound(stopped):
+  # Issue 54: a worker stopped by SIGSTOP keeps its connections open; before, the
+  # call waited for as long as it was watched. Its forwarder (the launcher) or its
+  # binary stopped: no probe is answered, and the call fails within
+  # PROBE_INTERVAL + unavailable_timeout (15 s here), allowed twice that on a loaded
+  # machine.
+  timeout = 10.0
+  values, weights = round_of_clients(seed=6, nonfinite=False)
+  process = cases.process(('distributed', 'mean'), FACTORIES['mean'])
+  with distributed.LocalWorkers(2) as local:
+    with distributed.distributed_execution(local.addresses,
+                                           unavailable_timeout=timeout) as context:
+      process.next(process.initialize(), values, weights)
+      pid = local.pids[1] if stopped == 'launcher' else local.binary_pids[1]
+      os.kill(pid, signal.SIGSTOP)
+      stopped_at = time.monotonic()
+      try:
+        with pytest.raises(distributed.WorkerError,
+                           match=f'{local.addresses[1]}: stopped answering'):
+          process.next(process.initialize(), values, weights)
+        detected = time.monotonic() - stopped_at
+      finally:
+        os.kill(pid, signal.SIGCONT)
+      # Answering again (once a probe says so: not within a fixed time), the same
+      # context goes on.
+      context.wait_until_connected(timeout=300)
+      got = process.next(process.initialize(), values, weights)
+    pids = local.pids
+  assert not processes.running(pids)
+  print(f'MEASURED stopped {stopped}: the error {detected:.1f} s after SIGSTOP')
+  assert timeout <= detected <= 2 * (execution.PROBE_INTERVAL + timeout)
+  want = process.next(process.initialize(), values, weights)
+  structures.assert_same(got.result, want.result)
+
+
 def test_local_workers_stop_when_the_block_raises():
   with pytest.raises(KeyError):
     with distributed.LocalWorkers(1) as local:
@@ -272,7 +367,8 @@ def test_arguments_are_validated():
     distributed.DistributedContext(['127.0.0.1:1'], connect_timeout=0.5)
 
 
-@pytest.mark.parametrize('name', ['connect_timeout', 'unavailable_timeout'])
+@pytest.mark.parametrize('name', ['connect_timeout', 'unavailable_timeout',
+                                  'call_timeout'])
 @pytest.mark.parametrize('value, error', [
     (0.0, ValueError), (-1.0, ValueError), (float('inf'), ValueError),
     (float('nan'), ValueError), ('5', TypeError), (True, TypeError)])

@@ -36,14 +36,15 @@ class _Worker:
   """`python -m tff_robust.distributed` in the background, started once its
   `listening on` line is out; stderr in a file (`-X importtime` writes there)."""
 
-  def __init__(self, port, tmp_path, *python_flags):
+  def __init__(self, port, tmp_path, *python_flags, preexec_fn=None):
     self.port = port
     self.stderr_path = tmp_path / f'worker_{port}.err'
     with open(self.stderr_path, 'wb') as stderr:
       self.process = subprocess.Popen(_worker_command(port, *python_flags), cwd=_REPO,
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=stderr, text=True,
-                                      env=processes.quiet_env())
+                                      env=processes.quiet_env(),
+                                      preexec_fn=preexec_fn)
     # Blocks until ready (or exited); a launcher that never says so fails the test.
     readable, _, _ = select.select([self.process.stdout], [], [], _HANG)
     self.line = self.process.stdout.readline() if readable else ''
@@ -67,8 +68,8 @@ class _Worker:
 def worker(tmp_path):
   started = []
 
-  def start(port, *python_flags):
-    started.append(_Worker(port, tmp_path, *python_flags))
+  def start(port, *python_flags, preexec_fn=None):
+    started.append(_Worker(port, tmp_path, *python_flags, preexec_fn=preexec_fn))
     return started[-1]
 
   yield start
@@ -102,6 +103,36 @@ def test_the_worker_prints_its_listening_line_without_importing_tensorflow(worke
   # SIGTERM passes to the worker_binary; the launcher exits with 128 + 15.
   assert w.stop() == 128 + signal.SIGTERM
   assert not processes.running([w.binary_pid])
+
+
+def _ignore_sigint():
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_a_background_worker_stops_on_sigint_and_sigterm(worker, signum):
+  # Issue 54: a script's background job starts with SIGINT ignored, which the
+  # launcher kept (and the binary inherited): SIGINT did nothing.
+  w = worker(portpicker.pick_unused_port(), preexec_fn=_ignore_sigint)
+  assert w.line.startswith('listening on '), w.stderr_path.read_text()
+  w.process.send_signal(signum)
+  assert w.process.wait(timeout=_HANG) == 128 + signum
+  assert not processes.running([w.binary_pid])
+
+
+def test_a_worker_started_by_root_runs_as_nobody_without_capabilities(worker):
+  w = worker(portpicker.pick_unused_port())
+  assert w.line.startswith('listening on '), w.stderr_path.read_text()
+  for pid in (w.process.pid, w.binary_pid):
+    with open(f'/proc/{pid}/status') as f:
+      status = dict(line.split(':', 1) for line in f)
+    uids = {int(u) for u in status['Uid'].split()}
+    if os.geteuid() == 0:
+      assert uids == {distributed.worker_network.unprivileged_ids()[0]}, pid
+    else:
+      assert uids == {os.geteuid()}
+    assert int(status['CapEff'], 16) == 0 and int(status['CapPrm'], 16) == 0
+    assert int(status['NoNewPrivs']) == 1
 
 
 def test_a_second_worker_on_a_used_port_fails_naming_the_port(worker):

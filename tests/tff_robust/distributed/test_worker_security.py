@@ -12,6 +12,8 @@ runs in a network namespace of its own, with a documentation address (198.51.100
 on its loopback standing for the machine's network address.
 """
 
+import contextlib
+import datetime
 import json
 import os
 import select
@@ -25,6 +27,9 @@ import threading
 import time
 
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 import grpc
 import numpy as np
@@ -35,6 +40,7 @@ import tensorflow_federated as tff
 
 from tests.helpers import processes
 from tff_robust import distributed
+from tff_robust.distributed import runtime
 from tff_robust.distributed import worker_credentials
 from tff_robust.distributed import worker_launcher
 from tff_robust.distributed import worker_network
@@ -94,10 +100,28 @@ def test_credentials_are_a_ca_a_worker_and_a_driver(deployment):
     (['--listen_host=::'], 'must require credentials'),
     (['--tls_cert=a.pem', '--tls_key=a.key'], 'missing --tls_client_ca'),
     (['--tls_cert'], 'give a value'),
+    (['--listen_unix=/tmp/worker.sock'], 'must be yours and closed to everyone else'),
+    (['--listen_unix=/tmp/worker.sock', '--listen_host=127.0.0.1'],
+     'give it without --listen_host and --tls_'),
 ])
 def test_a_worker_on_the_network_without_credentials_is_refused(flags, message):
   with pytest.raises(ValueError, match=message):
     worker_launcher.listen_settings(worker_launcher.split_flags(flags)[0])
+
+
+def test_a_worker_started_by_root_runs_as_an_unprivileged_user():
+  if os.geteuid() == 0:
+    uid, gid = worker_launcher._run_as(None)  # pylint: disable=protected-access
+    assert uid != 0 and gid != 0
+    assert (uid, gid) == worker_network.unprivileged_ids()
+    with pytest.raises(ValueError, match='--user=root is root'):
+      worker_launcher._run_as('root')  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match='--user=0 is root'):
+      worker_launcher._run_as('0')  # pylint: disable=protected-access
+  else:
+    assert worker_launcher._run_as(None) is None  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match='only a worker started by root'):
+      worker_launcher._run_as('nobody')  # pylint: disable=protected-access
 
 
 def test_the_launchers_own_flags_are_not_the_binarys():
@@ -330,18 +354,52 @@ def test_tls_without_a_client_certificate_is_refused(tls_worker, deployment):
   tls_worker.wait_for_log('PEER_DID_NOT_RETURN_A_CERTIFICATE')
 
 
+def _expired_driver_certificate(deployment, directory):
+  """A driver certificate of the deployment's CA, for client use, that expired
+  yesterday: (cert path, key path)."""
+  with open(os.path.join(deployment, 'ca.key'), 'rb') as f:
+    ca_key = serialization.load_pem_private_key(f.read(), password=None)
+  ca = _load(os.path.join(deployment, 'ca.pem'))
+  key = ec.generate_private_key(ec.SECP256R1())
+  now = datetime.datetime.now(datetime.timezone.utc)
+  certificate = (
+      x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(
+          x509.oid.NameOID.COMMON_NAME, 'tff-robust-driver')]))
+      .issuer_name(ca.subject).public_key(key.public_key())
+      .serial_number(x509.random_serial_number())
+      .not_valid_before(now - datetime.timedelta(days=2))
+      .not_valid_after(now - datetime.timedelta(days=1))
+      .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
+                     critical=False)
+      .sign(ca_key, hashes.SHA256()))
+  cert_path, key_path = os.path.join(directory, 'expired.pem'), os.path.join(
+      directory, 'expired.key')
+  with open(cert_path, 'wb') as f:
+    f.write(certificate.public_bytes(serialization.Encoding.PEM))
+  with open(key_path, 'wb') as f:
+    f.write(key.private_bytes(serialization.Encoding.PEM,
+                              serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+  return cert_path, key_path
+
+
 @slow
-@pytest.mark.parametrize('who', ['another CA', 'a worker certificate'])
+@pytest.mark.parametrize('who', ['another CA', 'a worker certificate',
+                                 'an expired certificate'])
 def test_a_client_certificate_of_another_ca_or_for_a_server_is_refused(
-    who, tls_worker, deployment, other_deployment):
+    who, tls_worker, deployment, other_deployment, tmp_path):
   # The client trusts the worker (the right CA), but presents a certificate of another
-  # deployment, or the worker's own (signed by the right CA, but for server use).
-  certificate_from = other_deployment if who == 'another CA' else deployment
-  side = 'driver' if who == 'another CA' else 'worker'
+  # deployment, the worker's own (signed by the right CA, but for server use), or the
+  # right CA's driver certificate past its validity.
+  if who == 'an expired certificate':
+    cert, key = _expired_driver_certificate(deployment, str(tmp_path))
+  else:
+    certificate_from = other_deployment if who == 'another CA' else deployment
+    side = 'driver' if who == 'another CA' else 'worker'
+    cert = os.path.join(certificate_from, f'{side}.pem')
+    key = os.path.join(certificate_from, f'{side}.key')
   credentials = worker_credentials.Credentials(
-      ca=os.path.join(deployment, 'ca.pem'),
-      cert=os.path.join(certificate_from, f'{side}.pem'),
-      key=os.path.join(certificate_from, f'{side}.key'))
+      ca=os.path.join(deployment, 'ca.pem'), cert=cert, key=key)
   before = tls_worker.log().count('CERTIFICATE_VERIFY_FAILED')
   assert _call(distributed.make_channel(tls_worker.address, credentials)) == (
       grpc.StatusCode.UNAVAILABLE)
@@ -570,3 +628,206 @@ def test_the_overhead_benchmark_runs():
   # The same messages (but for the lengths of the ids the executors give values).
   sent = [int(row[3]) for row in rows.values()]
   assert max(sent) - min(sent) < 100 and min(sent) > 2**20, rows
+
+
+def _root_only_file(tmp_path) -> str:
+  """A file only root may read, in a directory everyone may enter: its own mode is
+  all that protects it."""
+  directory = tmp_path / 'open'
+  directory.mkdir()
+  os.chmod(tmp_path, 0o755)
+  os.chmod(directory, 0o755)
+  path = directory / 'root_only'
+  path.write_text('secret')
+  os.chmod(path, 0o600)
+  return str(path)
+
+
+def _read_file_computation(path):
+  @tff.tensorflow.computation
+  def read():
+    return tf.io.read_file(path)
+  return read
+
+
+def _uid(pid: int) -> int:
+  with open(f'/proc/{pid}/status') as f:
+    return int(next(l for l in f if l.startswith('Uid:')).split()[2])
+
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason='only root can make a file a worker started by root '
+    'should not read (another user\'s worker runs as that user)')
+
+
+@slow
+@needs_root
+@pytest.mark.parametrize('where', ['a worker', 'the driver\'s own worker'])
+def test_a_computation_the_driver_sends_reads_no_root_only_file(where, tmp_path):
+  # Issue 54: a worker started by root was uid 0 on the machine (root only inside
+  # its user namespace), the owner of root's files, and read this one.
+  secret = _root_only_file(tmp_path)
+  read = _read_file_computation(secret)
+  with contextlib.ExitStack() as stack:
+    if where == 'a worker':
+      local = stack.enter_context(distributed.LocalWorkers(1))
+      stack.enter_context(distributed.distributed_execution(local.addresses))
+      binaries = local.binary_pids
+    else:
+      stack.enter_context(distributed.private_local_execution())
+      binaries = [pid for launcher in processes.worker_launchers()
+                  for pid in runtime.worker_binaries(launcher)]
+    with pytest.raises(Exception, match='Permission denied'):
+      read()
+    assert binaries and all(_uid(pid) == _unprivileged_uid() for pid in binaries)
+
+
+def _unprivileged_uid() -> int:
+  return worker_network.unprivileged_ids()[0]
+
+
+def _connects_as(uid: int, path: str) -> str:
+  """Whether a process of `uid` can connect to the Unix socket `path`."""
+  read_end, write_end = os.pipe()
+  pid = os.fork()
+  if pid == 0:  # The child: becomes `uid`, tries, reports, exits.
+    outcome = b'?'
+    try:
+      os.close(read_end)
+      os.setgroups([])
+      os.setresgid(uid, uid, uid)
+      os.setresuid(uid, uid, uid)
+      with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+      outcome = b'connected'
+    except PermissionError:
+      outcome = b'permission denied'
+    except BaseException:  # pylint: disable=broad-except
+      outcome = b'other error'
+    finally:
+      os.write(write_end, outcome)
+      os._exit(0)  # pylint: disable=protected-access
+  os.close(write_end)
+  with os.fdopen(read_end, 'rb') as f:
+    outcome = f.read().decode()
+  os.waitpid(pid, 0)
+  return outcome
+
+
+@slow
+def test_the_drivers_own_worker_is_a_unix_socket_of_this_user_only():
+  with distributed.private_local_execution():
+    assert _read_file_computation('/dev/null')() == b''  # It computes.
+    [launcher] = processes.worker_launchers()
+    [binary] = runtime.worker_binaries(launcher)
+    path = processes.flag_value(launcher, 'listen_unix')
+    assert stat.S_ISSOCK(os.stat(path).st_mode)
+    directory = os.stat(os.path.dirname(path))
+    assert directory.st_uid == os.geteuid()
+    assert stat.S_IMODE(directory.st_mode) == 0o700
+    # No socket of its own in this network: the binary is in another namespace, the
+    # launcher listens on the Unix socket only.
+    assert worker_network.network_namespace(binary) != (
+        worker_network.network_namespace())
+    for port_table in ('/proc/net/tcp', '/proc/net/tcp6'):
+      with open(port_table) as f:
+        inodes = {int(line.split()[9]) for line in f.readlines()[1:]}
+      assert not inodes & worker_launcher._socket_inodes(launcher)  # pylint: disable=protected-access
+    if os.geteuid() == 0:
+      assert _connects_as(_unprivileged_uid(), path) == 'permission denied'
+      assert _connects_as(0, path) == 'connected'
+  assert not processes.running([launcher, binary])
+  assert not os.path.exists(os.path.dirname(path))
+
+
+# Runs in a network namespace of its own, "the machine" (argv: output root): a peer
+# in a second namespace reaches the machine at 198.51.100.1 over a veth link; two
+# local workers, and a `tasks.binaries.train --workers` run on them. While the run
+# lasts, every TCP port listening in the machine's network that is not a worker's is
+# called with plain gRPC from the peer. Prints one JSON line.
+_DRIVER_MACHINE = r'''
+import json, os, socket, subprocess, sys, time
+from tff_robust import distributed
+from tff_robust.distributed import worker_launcher
+def run(*command):
+  subprocess.run(command, check=True, capture_output=True)
+run('ip', 'link', 'set', 'lo', 'up')
+peer = subprocess.Popen(['unshare', '--net', 'sleep', 'infinity'])
+while os.readlink(f'/proc/{peer.pid}/ns/net') == os.readlink('/proc/self/ns/net'):
+  time.sleep(0.01)  # Until `sleep` runs in its own network.
+in_peer = ['nsenter', '-t', str(peer.pid), '-n']
+run('ip', 'link', 'add', 'machine0', 'type', 'veth', 'peer', 'name', 'peer0', 'netns',
+    str(peer.pid))
+run('ip', 'addr', 'add', '198.51.100.1/24', 'dev', 'machine0')
+run('ip', 'link', 'set', 'machine0', 'up')
+run(*in_peer, 'ip', 'addr', 'add', '198.51.100.2/24', 'dev', 'peer0')
+run(*in_peer, 'ip', 'link', 'set', 'peer0', 'up')
+run(*in_peer, 'ip', 'link', 'set', 'lo', 'up')
+PROBE = """
+import sys, grpc
+channel = grpc.insecure_channel(sys.argv[1])
+try:
+  channel.unary_unary('/tensorflow_federated.v0.ExecutorGroup/GetExecutor')(b'', timeout=60)
+  print('OK')
+except grpc.RpcError as e:
+  print(e.code().name)
+"""
+def from_peer(address):
+  return subprocess.run([*in_peer, sys.executable, '-c', PROBE, address],
+                        capture_output=True, text=True).stdout.strip()
+# The link works: a port open to the network here is reached from the peer.
+control = socket.create_server(('0.0.0.0', 0))
+control_port = control.getsockname()[1]
+result = {'control': subprocess.run(
+    [*in_peer, sys.executable, '-c', 'import socket, sys; socket.create_connection('
+     '("198.51.100.1", int(sys.argv[1])), timeout=60); print("connected")',
+     str(control_port)], capture_output=True, text=True).stdout.strip()}
+control.close()
+known = set()
+def listening():
+  ports = set()
+  for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+    for line in open(table).readlines()[1:]:
+      fields = line.split()
+      if fields[3] == '0A':
+        ports.add(int(fields[1].rsplit(':', 1)[1], 16))
+  return ports
+with distributed.LocalWorkers(2) as workers:
+  known = listening()  # The workers' (on 127.0.0.1).
+  train = subprocess.Popen(
+      [sys.executable, '-m', 'tasks.binaries.train', '--task=emnist', '--model=linear',
+       '--data_source=synthetic', '--clients_per_round=4', '--batch_size=10',
+       '--aggregator=gm', '--rounds=2', '--experiment_name=run', '--noprogress',
+       '--notensorboard', f'--root_output_dir={sys.argv[1]}',
+       '--workers=' + ','.join(workers.addresses)],
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  reached = {}
+  while train.poll() is None:
+    for port in listening() - known - set(reached):
+      reached[port] = from_peer(f'198.51.100.1:{port}')
+    time.sleep(0.05)
+  result.update(returncode=train.returncode, stderr=train.stderr.read()[-3000:],
+                reached={str(p): code for p, code in reached.items()})
+peer.kill()
+print(json.dumps(result), flush=True)
+'''
+
+
+@slow
+@needs_root
+def test_the_driver_of_a_workers_run_listens_on_nothing_the_network_reaches(tmp_path):
+  # Issue 54: the driver's own computations ran on TFF's local worker_binary,
+  # listening on every interface; a plain gRPC client in another network namespace
+  # ran TensorFlow in it.
+  try:
+    subprocess.run(['unshare', '--net', 'true'], check=True, capture_output=True)
+  except (OSError, subprocess.CalledProcessError) as e:
+    pytest.skip(f'network namespaces are not allowed here ({e})')
+  result = subprocess.run(['unshare', '--net', sys.executable, '-c', _DRIVER_MACHINE,
+                           str(tmp_path)], cwd=_REPO, capture_output=True, text=True,
+                          timeout=900, env=processes.quiet_env())
+  assert result.returncode == 0, result.stderr[-3000:]
+  machine = json.loads(result.stdout.splitlines()[-1])
+  assert machine['control'] == 'connected'
+  assert machine['returncode'] == 0, machine['stderr']
+  assert machine['reached'] == {}
