@@ -27,9 +27,11 @@ setuptools.setup(
     packages=setuptools.find_packages(
         include=['tff_robust*'] + (['baselines*', 'tasks*'] if _EXPERIMENTS else [])),
     # What `tff_robust` itself imports (grpc and portpicker for its worker contexts,
-    # cryptography for the workers' TLS credentials).
+    # cryptography for the workers' TLS credentials, dm-tree for their structures);
+    # tests/test_packaging.py checks that every third-party import is here.
     install_requires=[
         'cryptography>=41',
+        'dm-tree~=0.1.8',
         'grpcio>=1.46',
         'numpy~=1.25',
         'portpicker~=1.6',

@@ -386,8 +386,9 @@ def _pair_spec(where: str, field: str, data: tff.simulation.datasets.ClientData)
   """The `(x, y)` element spec of `data`; a TaskError unless its elements are such
   pairs with one label tensor (integer class ids of shape () or (1,), or floats)."""
   spec = data.element_type_structure
+  x_key, y_key = _feature_and_label_keys(spec)
   fix = (f'map them to (x, y) pairs, e.g. {field.split(".")[-1]}.preprocess(lambda ds: '
-         "ds.map(lambda e: (e['pixels'], e['label'])))")
+         f'ds.map(lambda e: (e[{x_key!r}], e[{y_key!r}])))')
   if not isinstance(spec, (tuple, list)) or len(spec) != 2:
     raise TaskError(f'{where}: {field}\'s elements are {_describe(spec)}, not (x, y) '
                     f'pairs. Fix: {fix}.')
@@ -404,6 +405,19 @@ def _pair_spec(where: str, field: str, data: tff.simulation.datasets.ClientData)
                     f'{field.split(".")[-1]}.preprocess(lambda ds: ds.map(lambda x, y: '
                     '(x, tf.reshape(y, [])))).')
   return tuple(spec)
+
+
+_LABEL_KEYS = ('label', 'labels', 'y', 'target', 'targets', 'class')
+
+
+def _feature_and_label_keys(spec) -> tuple[str, str]:
+  """The keys a fix should name for elements that are mappings (the label's by its
+  usual names, else the last key); TFF's tutorials' ('pixels', 'label') otherwise."""
+  if not isinstance(spec, Mapping) or len(spec) < 2:
+    return 'pixels', 'label'
+  keys = [str(k) for k in spec]
+  y_key = next((k for k in keys if k.lower() in _LABEL_KEYS), keys[-1])
+  return next(k for k in keys if k != y_key), y_key
 
 
 def _describe(spec) -> str:

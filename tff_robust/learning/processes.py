@@ -174,9 +174,10 @@ def build_one_step_robust_federated_aggregation_process(
 def build_process_with_aggregator(
     model_fn,
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
-    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer],
-    aggregator: tff.aggregators.WeightedAggregationFactory,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     *,
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     client_weighting: Optional[
         tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
     model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
@@ -185,12 +186,24 @@ def build_process_with_aggregator(
 ) -> tff.learning.templates.LearningProcess:
   """`build_weighted_fed_avg` with `aggregator` for the model updates.
 
-  The keyword arguments are `build_weighted_fed_avg`'s. For a `model_fn` that builds
-  a `tff.learning.models.VariableModel`, `next` also runs on workers
-  (`tff_robust.distributed`) whatever the aggregator's passes (see the module
-  docstring); a `tff.learning.models.FunctionalModel` runs there only with an
+  Takes `build_weighted_fed_avg`'s arguments with its names and defaults
+  (`model_aggregator=`, TFF's `MeanFactory` when absent; `server_optimizer_fn`
+  SGD with learning rate 1); `aggregator`, positional, is the same argument. For a
+  `model_fn` that builds a `tff.learning.models.VariableModel`, `next` also runs on
+  workers (`tff_robust.distributed`) whatever the aggregator's passes (see the
+  module docstring); a `tff.learning.models.FunctionalModel` runs there only with an
   aggregator TFF can merge as one computation.
+
+  Raises:
+    TypeError: if both `aggregator` and `model_aggregator` are given.
   """
+  if aggregator is not None and model_aggregator is not None:
+    raise TypeError(
+        'build_process_with_aggregator got both `aggregator` and `model_aggregator`: '
+        'they are the same argument (`model_aggregator` is TFF\'s name); give one.')
+  aggregator = aggregator if aggregator is not None else model_aggregator
+  if aggregator is None:
+    aggregator = tff.aggregators.MeanFactory()  # build_weighted_fed_avg's default.
   if server_optimizer_fn is None:
     server_optimizer_fn = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
   process = tff.learning.algorithms.build_weighted_fed_avg(

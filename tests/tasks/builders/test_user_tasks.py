@@ -2,6 +2,7 @@
 a task by import path, each problem refused with a message naming it and the fix."""
 
 import collections
+import re
 import dataclasses
 import textwrap
 
@@ -87,6 +88,20 @@ class FromKerasTest(parameterized.TestCase):
     arguments.update(changes)
     with self.assertRaisesRegex(builders.TaskError, r'Task\.from_keras: ' + message):
       builders.Task.from_keras(**arguments)
+
+  @parameterized.named_parameters(
+      ('image_digit', ('image', 'digit'), "e['image'], e['digit']"),
+      ('label_first', ('label', 'features'), "e['features'], e['label']"),
+      ('tutorials', ('pixels', 'label'), "e['pixels'], e['label']"))
+  def test_dict_elements_get_a_fix_with_their_own_keys(self, keys, pair):
+    x_key, y_key = keys
+    data = tff.simulation.datasets.TestClientData({'c0': collections.OrderedDict([
+        (x_key, np.zeros((3, _FEATURES), np.float32)) if x_key != 'label' else
+        (x_key, np.zeros(3, np.int32)),
+        (y_key, np.zeros(3, np.int32)) if x_key != 'label' else
+        (y_key, np.zeros((3, _FEATURES), np.float32))])})
+    with self.assertRaisesRegex(builders.TaskError, re.escape(pair)):
+      builders.Task.from_keras('tiny', _model(), data, data)
 
 
 def _dict_elements():

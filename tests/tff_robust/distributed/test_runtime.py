@@ -3,6 +3,7 @@
 `subprocess.Popen` would."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -212,3 +213,40 @@ def test_reap_gives_up_at_the_deadline_and_leaves_the_child_to_a_later_call():
     child.stdin.close()  # It ends now, and a later reap finds its status.
   assert runtime.reap(child.pid) == (True, 0)
   child.returncode = 0
+
+
+ONE_LINE_SWAP = re.compile(r'## The one-line swap\n\n```python\n(.*?)```', re.DOTALL)
+
+
+def test_the_readmes_one_line_swap_leaves_no_worker_behind():
+  with open(os.path.join(processes.REPOSITORY, 'README.md'), encoding='utf-8') as f:
+    snippet = ONE_LINE_SWAP.search(f.read()).group(1)
+  prelude = textwrap.dedent('''
+      import numpy as np
+      import tensorflow as tf
+      from tff_robust.distributed import runtime
+
+      def model_fn():
+        keras_model = tf.keras.Sequential([
+            tf.keras.layers.InputLayer(input_shape=(2,)), tf.keras.layers.Dense(2)])
+        return tff.learning.models.from_keras_model(
+            keras_model, input_spec=(tf.TensorSpec([None, 2], tf.float32),
+                                     tf.TensorSpec([None], tf.int32)),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+      client_datasets = [tf.data.Dataset.from_tensor_slices(
+          (np.ones((4, 2), np.float32), np.zeros(4, np.int32))).batch(2)] * 3
+      num_rounds = 1
+  ''')
+  after = textwrap.dedent('''
+      print('LEFT', *runtime.worker_binaries(), flush=True)
+      process.next(state, client_datasets)  # Outside the block: a worker stays.
+      print('WORKERS', *runtime.worker_binaries(), flush=True)
+      with runtime.worker_binaries_stopped():
+        pass
+  ''')
+  result = _python('import tensorflow_federated as tff\n' + prelude + snippet + after,
+                   check=True)
+  left = next(line for line in result.stdout.splitlines() if line.startswith('LEFT'))
+  assert left.split()[1:] == [], result.stdout
+  assert processes.reported_workers(result.stdout), 'the check must see a worker'

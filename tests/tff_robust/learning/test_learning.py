@@ -120,5 +120,31 @@ class RobustProcessTest(parameterized.TestCase):
           model_fn, lambda: tf.keras.optimizers.SGD(0.1))
 
 
+class ProcessWithAggregatorTest(parameterized.TestCase):
+  """`build_process_with_aggregator` takes `build_weighted_fed_avg`'s spelling."""
+
+  def _after_one_round(self, process):
+    state = process.next(process.initialize(), client_datasets(3, sizes=(4, 8, 24))).state
+    return flat(process.get_model_weights(state))
+
+  @parameterized.named_parameters(
+      ('defaults', {}, {}),
+      ('model_aggregator', dict(model_aggregator=tff_robust.GammaMeanFactory()),
+       dict(model_aggregator=tff_robust.GammaMeanFactory())))
+  def test_equals_tffs_builder_called_the_same_way(self, ours, theirs):
+    optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.5)
+    actual = self._after_one_round(
+        tff_robust.build_process_with_aggregator(model_fn, optimizer, **ours))
+    expected = self._after_one_round(
+        tff.learning.algorithms.build_weighted_fed_avg(model_fn, optimizer, **theirs))
+    np.testing.assert_allclose(actual, expected, atol=1e-6)
+
+  def test_both_spellings_at_once_are_refused(self):
+    with self.assertRaisesRegex(TypeError, 'same argument'):
+      tff_robust.build_process_with_aggregator(
+          model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.5), None,
+          tff_robust.GammaMeanFactory(), model_aggregator=tff_robust.GammaMeanFactory())
+
+
 if __name__ == '__main__':
   tf.test.main()
