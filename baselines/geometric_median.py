@@ -113,8 +113,8 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
   With no client of weight > 0 the result is zero.
   """
 
-  # As `tff_robust.GeometricMedianFactory.RESULTS_REVISION`.
-  RESULTS_REVISION = 4
+  RESULTS_REVISION = property(
+      lambda self: geometric_median.results_revision(self._initial_point))
 
   def __init__(self,
                num_communication_passes: int = 3,

@@ -306,7 +306,7 @@ def results_revisions(factory) -> dict[str, int]:
     if id(obj) in seen:
       continue
     seen.add(id(obj))
-    revision = getattr(type(obj), 'RESULTS_REVISION', None)
+    revision = getattr(obj, 'RESULTS_REVISION', None)
     if revision is not None:
       found[type(obj).__name__] = revision
     pending.extend(v for v in getattr(obj, '__dict__', {}).values()

@@ -92,10 +92,15 @@ def client_statistics(distance, weight, float64: bool = False,
   lowest, num_buckets = buckets(float64)
   distance = tf.cast(distance, tf.float64)
   weight = tf.cast(weight, tf.float64)
-  if count_zero:
-    distance = tf.where(distance == 0, tf.constant(2.0**lowest, tf.float64), distance)
-  counted = tf.logical_and(distance > 0, tf.math.is_finite(distance))
-  log_distance = tf.where(counted, tf.math.log(distance) / np.log(2.0), 0.0)
+  positive = tf.logical_and(distance > 0, tf.math.is_finite(distance))
+  at_zero = tf.logical_and(tf.constant(count_zero), tf.equal(distance, 0.0))
+  counted = tf.logical_or(positive, at_zero)
+  # A zero distance is given the lowest bucket's exponent directly: no tiny constant
+  # whose logarithm a runtime might compute differently.
+  log_distance = tf.where(
+      positive, tf.math.log(tf.where(positive, distance, tf.ones_like(distance))) /
+      np.log(2.0), tf.where(at_zero, tf.constant(float(lowest), tf.float64),
+                            tf.zeros_like(distance)))
   bucket = tf.clip_by_value(
       tf.cast(tf.floor(log_distance), tf.int32) - lowest, 0, num_buckets - 1)
   one_hot = tf.one_hot(bucket, num_buckets, dtype=tf.float64)

@@ -131,13 +131,13 @@ class FactoryPerConfigurationTest(parameterized.TestCase):
     def factory(passes):
       return sweep._aggregator_factory('gm', 0.1, {'num_communication_passes': passes})
 
-    first, second = factory(1), factory(2)
-    for passes in range(3, sweep._MAX_FACTORIES + 2):
+    first, second = factory(2), factory(3)
+    for passes in range(4, sweep._MAX_FACTORIES + 3):
       factory(passes)
-      factory(1)  # In use: the first factory stays, the second is the oldest unused.
+      factory(2)  # In use: the first factory stays, the second is the oldest unused.
     self.assertLen(sweep._FACTORIES, sweep._MAX_FACTORIES)
-    self.assertIs(factory(1), first)
-    self.assertIsNot(factory(2), second)
+    self.assertIs(factory(2), first)
+    self.assertIsNot(factory(3), second)
 
 
 @pytest.mark.slow  # Trains end to end: a sweep of training runs.
@@ -334,10 +334,10 @@ class LedgerSweepTest(parameterized.TestCase):
 class AggregatorRevisionTest(parameterized.TestCase):
 
   @parameterized.parameters(
-      ('gm', {'GeometricMedianFactory': 3}),
-      ('one_step_gm', {'GeometricMedianFactory': 3}),
-      ('bucketing+gm', {'GatheredGeometricMedianFactory': 3}),
-      ('arc+gm', {'GeometricMedianFactory': 3}),
+      ('gm', {'GeometricMedianFactory': 4}),
+      ('one_step_gm', {'GeometricMedianFactory': 3}),  # The zero start: unchanged.
+      ('bucketing+gm', {'GatheredGeometricMedianFactory': 4}),
+      ('arc+gm', {'GeometricMedianFactory': 4}),
       ('gamma_mean', {'GammaMeanFactory': 2}),
       ('median', {}),
       ('mean', {}),

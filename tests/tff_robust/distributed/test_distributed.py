@@ -381,10 +381,14 @@ def test_timeouts_must_be_finite_positive_numbers(name, value, error):
 def test_pass_counts():
   create = lambda f: passwise.PasswiseFactory(f).create(  # pylint: disable=g-long-lambda
       cases.VALUE_TYPE, cases.WEIGHT_TYPE)
-  # R passes, each after its relative ν's histogram sum, and the objective.
+  # The trimmed start: the mean, D̄, the radius histogram, the trimmed mean, ν with
+  # the near histogram, the restricted step; and the objective.
   assert create(FACTORIES['gm']()).computations_per_call == 7
   assert create(geometric_median.GeometricMedianFactory(
-      nu=geometric_median.PAPER_NU)).computations_per_call == 4
+      nu=geometric_median.PAPER_NU)).computations_per_call == 7
+  # From zero with the paper's ν: R passes and the objective.
+  assert create(geometric_median.GeometricMedianFactory(
+      nu=geometric_median.PAPER_NU, initial_point='zero')).computations_per_call == 4
   assert create(geometric_median.one_step_geometric_median_factory(
       report_objective=False)).computations_per_call == 2
   assert create(geometric_median.one_step_geometric_median_factory(
