@@ -68,6 +68,7 @@ from tasks.simulation import attacks
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import gathered
 from tasks.simulation import in_process as in_process_lib
+from tff_robust.common import numerics
 
 State = collections.OrderedDict
 ClientData = Union[Sequence[tf.data.Dataset], Callable[[str], tf.data.Dataset]]
@@ -363,7 +364,7 @@ class Round:
     if self._factory is None:
       return  # A process says nothing of its conditions.
     registry.check_num_clients(self._factory, len(updates))
-    usable = [w > 0 and np.isfinite(w) and all_finite(u)
+    usable = [w > 0 and numerics.is_usable_weight_value(w) and all_finite(u)
               for u, w in zip(updates, weights)]
     try:
       registry.check_num_clients(self._factory, sum(usable))
