@@ -115,10 +115,21 @@ def client_filter(value_type, weight_type):
 def with_count(measurements, num_dropped) -> collections.OrderedDict:
   """The inner measurements (a SERVER-placed structure) kept flat, plus
   `num_nonfinite_clients`."""
+  return with_measurements(measurements, {MEASUREMENT: num_dropped})
+
+
+def with_measurements(measurements, extra) -> collections.OrderedDict:
+  """The inner measurements (a SERVER-placed structure) kept flat (a structure that
+  is not named under `inner`), plus the SERVER values of `extra` by name, after them.
+
+  Raises:
+    ValueError: if the inner measurements already hold one of the names.
+  """
   fields = _named_fields(measurements)
-  if MEASUREMENT in fields:
-    raise ValueError(f'The inner aggregator already reports {MEASUREMENT!r}.')
-  fields[MEASUREMENT] = num_dropped
+  for name, value in extra.items():
+    if name in fields:
+      raise ValueError(f'The inner aggregator already reports {name!r}.')
+    fields[name] = value
   return fields
 
 
