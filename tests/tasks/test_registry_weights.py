@@ -112,5 +112,61 @@ class WeightRuleTest(cases.SecureSumContextMixin, parameterized.TestCase):
                     dropped)
 
 
+SECURE_ROWS = [n for n in ROWS if registry.is_secure_compatible(_factory(n))]
+# The mean and GMA pass a weighted client's magnitude by design
+# (tests/tasks/test_registry_invariants.py): the cap bounds their weight, not its pull.
+UNBOUNDED = ('mean', 'gma')
+
+
+def _weight_attack_inputs():
+  """The issue's measurement: 19 honest clients at 1 + 0.5·N(0, 1) per coordinate,
+  one at −10 in every coordinate."""
+  rng = np.random.default_rng(4)
+  x = 1.0 + 0.5 * rng.normal(size=(NUM_CLIENTS, cases.DIMENSION))
+  x[ATTACKER] = -10.0
+  weights = rng.integers(10, 201, size=NUM_CLIENTS).astype(np.float64)
+  return x.astype(np.float32), weights
+
+
+def _capped_process(name):
+  return cases.process(('weights', name, 'capped'), lambda: registry.aggregator_from_name(
+      name, assumed_byzantine_fraction=0.1, weight_cap={}))
+
+
+class WeightAttackTest(cases.SecureSumContextMixin, parameterized.TestCase):
+  """A client that claims a large weight, against the secure-compatible rows with
+  the weight cap (`registry.aggregator_from_name(..., weight_cap={})`)."""
+
+  def _claiming(self, name, factor):
+    x, weights = _weight_attack_inputs()
+    weights[ATTACKER] *= factor
+    return cases.run(_capped_process(name), x, weights)
+
+  @parameterized.parameters(*SECURE_ROWS)
+  def test_claiming_more_than_the_cap_buys_nothing(self, name):
+    result, output = self._claiming(name, 1e4)
+    moderate, _ = self._claiming(name, 1e2)
+    self.assertEqual(int(output.measurements['num_capped_clients']), 1)
+    np.testing.assert_allclose(result, moderate, rtol=1e-5, atol=1e-6, err_msg=name)
+
+  @parameterized.parameters(*[n for n in SECURE_ROWS if n not in UNBOUNDED])
+  def test_a_robust_row_stays_within_the_honest_spread(self, name):
+    # Against the row's own honest aggregate (the attacker's weight 0): rows with an
+    # absolute radius (norm clipping) are not near the honest mean to begin with.
+    x, _ = _weight_attack_inputs()
+    honest = np.delete(x, ATTACKER, axis=0).astype(np.float64)
+    spread = np.sqrt(np.mean(np.sum((honest - honest.mean(axis=0))**2, axis=1)))
+    without_attacker, _ = self._claiming(name, 0.0)
+    result, _ = self._claiming(name, 1e4)
+    self.assertLessEqual(np.linalg.norm(result - without_attacker), spread, name)
+
+  def test_without_the_cap_the_claim_owns_the_median(self):
+    # Why the cap: the same claim against the plain 'gm' row.
+    x, weights = _weight_attack_inputs()
+    weights[ATTACKER] *= 1e4
+    result, _ = cases.run(_process('gm'), x, weights)
+    np.testing.assert_allclose(result, x[ATTACKER], rtol=1e-2)
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -1,0 +1,139 @@
+r"""What a client's reported weight buys it, with and without the robust weight cap,
+and what the cap costs honest clients (docs/aggregators.md, "Threat model").
+
+Part 1, the weight attack (issue 56's measurement): 19 honest clients at
+1 + 0.5·N(0, 1) in each of d = 100 coordinates, weight 1 each, and one client at −10 in
+every coordinate claiming weight 1, 19 (half of the total), 100 or 1e4. The table is
+‖result − m‖ / ‖m‖, m the honest clients' coordinate-wise median, for the registry's
+secure-compatible rows as the main job builds them (`tasks.registry`, default
+arguments), without the cap and with it (`weight_cap={}`: 4 × the median weight);
+10.9 is the attacker's own point. Then the worst case of the update-only attacks at
+weight 1 is beside it: the attacker's point at ±1e6 (`far`), which the robust rows
+bound and the mean and GMA do not.
+
+Part 2, the cap's cost: the bundled tasks' example counts (`tasks.builders`, source
+'bundled': EMNIST's 100 Dirichlet-skewed MNIST clients, Shakespeare's roles, Sent140's
+snippets dealt to users), rounds of 10 clients drawn as the main job draws them
+(uniformly without replacement), 2,000 rounds per task: the share of honest clients
+capped and the share of the honest weight the cap removes, at multiples 2, 4 and 8 of
+the median.
+
+  .venv/bin/python -m benchmarks.weight_attacks
+"""
+
+import collections
+
+from absl import app
+from absl import flags
+import numpy as np
+
+_ROUNDS = flags.DEFINE_integer('rounds', 2000, 'Sampled rounds per task (part 2).')
+_PARTS = flags.DEFINE_list('parts', ['attack', 'cost'], 'Which parts to run.')
+
+NUM_CLIENTS = 20
+DIMENSION = 100
+ATTACKER = 0
+CLAIMS = (1.0, 19.0, 100.0, 1e4)
+ROWS = ('mean', 'gm', 'one_step_gm', 'gamma_mean', 'gma', 'norm_clipping',
+        'secure_centered_clipping')
+CLIENTS_PER_ROUND = 10
+MULTIPLES = (2.0, 4.0, 8.0)
+TASKS = (('emnist', 'linear'), ('shakespeare', 'lstm'), ('sent140', 'linear'))
+
+
+def weight_attack_inputs(seed=0):
+  rng = np.random.default_rng(seed)
+  x = 1.0 + 0.5 * rng.normal(size=(NUM_CLIENTS, DIMENSION))
+  x[ATTACKER] = -10.0
+  return x.astype(np.float32), np.ones(NUM_CLIENTS)
+
+
+def _aggregate(process, x, weights):
+  output = process.next(process.initialize(), list(x), [np.float32(w) for w in weights])
+  return np.asarray(output.result, np.float64), output.measurements
+
+
+def attack_table():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tasks import registry  # pylint: disable=g-import-not-at-top
+  tff.backends.test.set_sync_test_cpp_execution_context()
+  value_type = tff.TensorType(np.float32, [DIMENSION])
+  weight_type = tff.TensorType(np.float32)
+  x, weights = weight_attack_inputs()
+  median = np.median(np.delete(x, ATTACKER, axis=0).astype(np.float64), axis=0)
+  far = x.copy()
+  far[ATTACKER] = 1e6
+
+  def distance(result):
+    return np.linalg.norm(result - median) / np.linalg.norm(median)
+
+  header = ['row', 'cap'] + [f'claims {c:g}' for c in CLAIMS] + [
+      'far (1e6), weight 1', 'cap (claim 1e4)', 'capped']
+  print('| ' + ' | '.join(header) + ' |')
+  print('|' + '---|' * 2 + '---:|' * (len(header) - 2))
+  for name in ROWS:
+    for cap in (None, {}):
+      process = registry.aggregator_from_name(
+          name, assumed_byzantine_fraction=0.1, weight_cap=cap).create(
+              value_type, weight_type)
+      cells, measurements = [], None
+      for claim in CLAIMS:
+        claimed = weights.copy()
+        claimed[ATTACKER] = claim
+        result, measurements = _aggregate(process, x, claimed)
+        cells.append(f'{distance(result):.3g}')
+      cells.append(f'{distance(_aggregate(process, far, weights)[0]):.3g}')
+      if cap is None:
+        cells += ['', '']
+      else:
+        cells += [f'{float(measurements["weight_cap"]):.3g}',
+                  str(int(measurements['num_capped_clients']))]
+      print(f'| {name} | {"on" if cap is not None else "off"} | ' + ' | '.join(cells)
+            + ' |')
+
+
+def _client_weights(task, model):
+  from tasks import builders  # pylint: disable=g-import-not-at-top
+  built = builders.build_task(task, model, source='bundled')
+  return np.array(sorted(built.client_weights.values()), np.float64)
+
+
+def cost_table(num_rounds):
+  from tasks import references  # pylint: disable=g-import-not-at-top
+  print('| task | clients | α min / median / max | multiple | clients capped '
+        '(share) | honest weight removed (share) |')
+  print('|---|---:|---|---:|---:|---:|')
+  for task, model in TASKS:
+    try:
+      alphas = _client_weights(task, model)
+    except Exception as e:  # pylint: disable=broad-except
+      print(f'| {task} | not built: {type(e).__name__}: {e} | | | | |')
+      continue
+    rng = np.random.default_rng(0)
+    rounds = [rng.choice(alphas, size=min(CLIENTS_PER_ROUND, len(alphas)),
+                         replace=False) for _ in range(num_rounds)]
+    spread = f'{alphas.min():g} / {np.median(alphas):g} / {alphas.max():g}'
+    for multiple in MULTIPLES:
+      capped_share, removed_share = [], []
+      for weights in rounds:
+        trace = {}
+        capped = references.capped_weights(weights, 0.5, multiple, trace=trace)
+        capped_share.append(trace['num_capped_clients'] / len(weights))
+        removed_share.append(1.0 - capped.sum() / weights.sum())
+      print(f'| {task} | {len(alphas)} | {spread} | {multiple:g} | '
+            f'{np.mean(capped_share):.3%} | {np.mean(removed_share):.3%} |')
+
+
+def main(argv):
+  del argv
+  from tff_robust.distributed import runtime  # pylint: disable=g-import-not-at-top
+  with runtime.worker_binaries_stopped():
+    if 'attack' in _PARTS.value:
+      attack_table()
+      print()
+    if 'cost' in _PARTS.value:
+      cost_table(_ROUNDS.value)
+
+
+if __name__ == '__main__':
+  app.run(main)
