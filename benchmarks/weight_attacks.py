@@ -28,7 +28,8 @@ from absl import flags
 import numpy as np
 
 _ROUNDS = flags.DEFINE_integer('rounds', 2000, 'Sampled rounds per task (part 2).')
-_PARTS = flags.DEFINE_list('parts', ['attack', 'cost'], 'Which parts to run.')
+_PARTS = flags.DEFINE_list('parts', ['attack', 'passes', 'cost'],
+                           'Which parts to run.')
 
 NUM_CLIENTS = 20
 DIMENSION = 100
@@ -92,6 +93,48 @@ def attack_table():
             + ' |')
 
 
+PASS_ROWS = ('gm', 'one_step_gm', 'gamma_mean', 'secure_centered_clipping')
+# (column, LateSwitch arguments): the attacker at −10 × the honest mean.
+PASS_ATTACKS = (
+    ('every pass (update only)', dict(from_pass=0)),
+    ('from pass 2', dict(from_pass=1)),
+    ('every pass, claims 1e4', dict(from_pass=0, weight_factor=1e4)),
+    ('from pass 2, claims 1e4', dict(from_pass=1, weight_factor=1e4)),
+)
+
+
+def pass_table():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tasks import registry  # pylint: disable=g-import-not-at-top
+  from tasks.simulation import pass_attacks  # pylint: disable=g-import-not-at-top
+  tff.backends.test.set_sync_test_cpp_execution_context()
+  value_type = tff.TensorType(np.float32, [DIMENSION])
+  x, weights = weight_attack_inputs()
+  honest = np.delete(x, ATTACKER, axis=0).astype(np.float64)
+  median = np.median(honest, axis=0)
+  corrupted = np.zeros(NUM_CLIENTS, bool)
+  corrupted[ATTACKER] = True
+  # The attacker's honest update, which it sends in the passes it plays fair.
+  x = x.copy()
+  x[ATTACKER] = honest.mean(axis=0)
+  header = ['row', 'cap', 'passes'] + [column for column, _ in PASS_ATTACKS]
+  print('| ' + ' | '.join(header) + ' |')
+  print('|' + '---|' * 3 + '---:|' * len(PASS_ATTACKS))
+  for name in PASS_ROWS:
+    for cap in (None, {}):
+      factory = registry.aggregator_from_name(name, weight_cap=cap)
+      initialize, aggregate, num_passes = pass_attacks.pass_by_pass(factory, value_type)
+      cells = []
+      for _, arguments in PASS_ATTACKS:
+        output = aggregate(initialize(), x, weights, corrupted,
+                           pass_attacks.LateSwitch(**arguments),
+                           np.random.default_rng(0))
+        result = np.asarray(output.result, np.float64)
+        cells.append(f'{np.linalg.norm(result - median) / np.linalg.norm(median):.3g}')
+      print(f'| {name} | {"on" if cap is not None else "off"} | {num_passes} | '
+            + ' | '.join(cells) + ' |')
+
+
 def _client_weights(task, model):
   from tasks import builders  # pylint: disable=g-import-not-at-top
   built = builders.build_task(task, model, source='bundled')
@@ -130,6 +173,9 @@ def main(argv):
   with runtime.worker_binaries_stopped():
     if 'attack' in _PARTS.value:
       attack_table()
+      print()
+    if 'passes' in _PARTS.value:
+      pass_table()
       print()
     if 'cost' in _PARTS.value:
       cost_table(_ROUNDS.value)

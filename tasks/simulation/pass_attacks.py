@@ -18,7 +18,7 @@ themselves replaced (see docs/aggregators.md, "Threat model").
 """
 
 import abc
-from typing import Any, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow_federated as tff
@@ -84,8 +84,17 @@ class LateSwitch(PassAttack):
     return rows, self.weight_factor * weights[corrupted]
 
 
+class PassByPassAggregation(NamedTuple):
+  """`initialize()` → the state; `aggregate(state, updates, weights, corrupted,
+  attack=None, rng=None)` → `MeasuredProcessOutput`; `num_passes`: computations per
+  call (the passes a `PassAttack` sees)."""
+  initialize: Callable[[], Any]
+  aggregate: Callable[..., tff.templates.MeasuredProcessOutput]
+  num_passes: int
+
+
 def pass_by_pass(factory: tff.aggregators.WeightedAggregationFactory, value_type,
-                 weight_type=tff.TensorType(np.float32)):
+                 weight_type=tff.TensorType(np.float32)) -> PassByPassAggregation:
   """`aggregate(state, updates, weights, corrupted, attack, rng)` → the
   `MeasuredProcessOutput` of the registry's `factory` (the non-finite filter around
   an `IterativeAggregationFactory`) run pass by pass, each pass's corrupted inputs
@@ -127,7 +136,7 @@ def pass_by_pass(factory: tff.aggregators.WeightedAggregationFactory, value_type
     return tff.templates.MeasuredProcessOutput(output['state'], output['result'],
                                                measurements)
 
-  return passes.initialize, aggregate
+  return PassByPassAggregation(passes.initialize, aggregate, len(passes.computations))
 
 
 def _leaf_types(value_type) -> list:

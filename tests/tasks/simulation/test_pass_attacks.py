@@ -45,7 +45,7 @@ def _fused(process, x, weights):
 
 
 def _by_pass(built, x, weights, attack):
-  initialize, aggregate = built
+  initialize, aggregate, _ = built
   output = aggregate(initialize(), x, weights, CORRUPTED, attack,
                      np.random.default_rng(0))
   return np.asarray(output.result, np.float64), output
