@@ -33,8 +33,9 @@ and checked by its constructor.
 
 Every factory built here is weighted and unweighted (`create(value_type)` gives every
 client weight 1; `build_unweighted_fed_avg` takes it) and is wrapped, outermost, in
-`tff_robust.NonfiniteFilteringFactory`: a client with a NaN or an infinity gets weight 0
-and is counted in the `num_nonfinite_clients` measurement.
+`tff_robust.NonfiniteFilteringFactory`: a client with a NaN or an infinity, or a
+negative, subnormal or non-finite weight, gets weight 0 and is counted in the
+`num_nonfinite_clients` measurement. `weight_cap=` adds the robust weight cap inside it.
 
 The names cover both layers: the deployable, secure-aggregation compatible factories of
 `tff_robust` and the comparison methods of `baselines`. Every name returns a
