@@ -6,7 +6,7 @@ Part 1, the weight attack (issue 56's measurement): 19 honest clients at
 every coordinate claiming weight 1, 19 (half of the total), 100 or 1e4. The table is
 ‖result − m‖ / ‖m‖, m the honest clients' coordinate-wise median, for the registry's
 secure-compatible rows as the main job builds them (`tasks.registry`, default
-arguments), without the cap and with it (`weight_cap={}`: 4 × the median weight);
+arguments), without the cap and with it (`weight_cap={}`: 2 × the median weight);
 10.9 is the attacker's own point. Then the worst case of the update-only attacks at
 weight 1 is beside it: the attacker's point at ±1e6 (`far`), which the robust rows
 bound and the mean and GMA do not.
@@ -18,7 +18,13 @@ snippets dealt to users), rounds of 10 clients drawn as the main job draws them
 capped and the share of the honest weight the cap removes, at multiples 2, 4 and 8 of
 the median.
 
+Part 3 (`--parts=accuracy`, minutes): test accuracy of 'gm' without and with the cap
+after 20 rounds of EMNIST-linear (bundled, 10 clients per round, seed 0), clean and
+under IPM (ε = 10, ρ = 0.1) as an update-only attack, with `weight_inflation` (×100)
+and with `adaptive_weight`.
+
   .venv/bin/python -m benchmarks.weight_attacks
+  .venv/bin/python -m benchmarks.weight_attacks --parts=accuracy
 """
 
 import collections
@@ -26,6 +32,15 @@ import collections
 from absl import app
 from absl import flags
 import numpy as np
+import tensorflow_federated as tff
+
+from tasks import builders
+from tasks import references
+from tasks import registry
+from tasks.simulation import loop
+from tasks.simulation import pass_attacks
+from tff_robust.aggregators import weight_cap
+from tff_robust.distributed import runtime
 
 _ROUNDS = flags.DEFINE_integer('rounds', 2000, 'Sampled rounds per task (part 2).')
 _PARTS = flags.DEFINE_list('parts', ['attack', 'passes', 'cost'],
@@ -55,8 +70,6 @@ def _aggregate(process, x, weights):
 
 
 def attack_table():
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tasks import registry  # pylint: disable=g-import-not-at-top
   tff.backends.test.set_sync_test_cpp_execution_context()
   value_type = tff.TensorType(np.float32, [DIMENSION])
   weight_type = tff.TensorType(np.float32)
@@ -104,9 +117,6 @@ PASS_ATTACKS = (
 
 
 def pass_table():
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tasks import registry  # pylint: disable=g-import-not-at-top
-  from tasks.simulation import pass_attacks  # pylint: disable=g-import-not-at-top
   tff.backends.test.set_sync_test_cpp_execution_context()
   value_type = tff.TensorType(np.float32, [DIMENSION])
   x, weights = weight_attack_inputs()
@@ -136,13 +146,11 @@ def pass_table():
 
 
 def _client_weights(task, model):
-  from tasks import builders  # pylint: disable=g-import-not-at-top
   built = builders.build_task(task, model, source='bundled')
   return np.array(sorted(built.client_weights.values()), np.float64)
 
 
 def cost_table(num_rounds):
-  from tasks import references  # pylint: disable=g-import-not-at-top
   print('| task | clients | α min / median / max | multiple | clients capped '
         '(share) | honest weight removed (share) |')
   print('|---|---:|---|---:|---:|---:|')
@@ -167,9 +175,49 @@ def cost_table(num_rounds):
             f'{np.mean(capped_share):.3%} | {np.mean(removed_share):.3%} |')
 
 
+ACCURACY_ROUNDS = 20
+# (column, attack, its parameters, ρ).
+ACCURACY_ATTACKS = (('clean', 'none', {}, 0.0),
+                    ('ipm ε = 10 (update only), ρ = 0.1', 'ipm', {'epsilon': 10.0}, 0.1),
+                    ('the same, claiming ×100 (weight_inflation)', 'weight_inflation',
+                     {'factor': 100.0}, 0.1),
+                    ('the same, claiming the cap (adaptive_weight)', 'adaptive_weight',
+                     {}, 0.1))
+
+
+def accuracy_table():
+  """Test accuracy after `ACCURACY_ROUNDS` rounds of EMNIST-linear (bundled), 10
+  clients per round, client learning rate 0.1, seed 0, 'gm' without the cap, with it
+  (2 × the median, the default) and with 4 × the median."""
+  task = builders.build_task('emnist', 'linear', source='bundled')
+  print('| row | cap | ' + ' | '.join(c for c, *_ in ACCURACY_ATTACKS) +
+        ' | clients capped per round (clean) |')
+  print('|---|---|' + '---:|' * (len(ACCURACY_ATTACKS) + 1))
+  for cap in (None, {}, {'multiple': 4.0}):
+    cells, capped = [], ''
+    for column, attack, params, rho in ACCURACY_ATTACKS:
+      simulation = loop.Simulation(
+          task, registry.aggregator_from_name('gm', weight_cap=cap), attack=attack,
+          attack_params=params, rho=rho, seed=0)
+      state, counts = simulation.initial_state(), []
+      for round_num in range(ACCURACY_ROUNDS):
+        state, metrics = simulation.run_round(state, round_num)
+        counts.append(metrics.get('aggregator/num_capped_clients', 0))
+      cells.append(f'{100 * simulation.evaluate(state)["test_accuracy"]:.1f}')
+      if column == 'clean' and cap is not None:
+        capped = f'{np.mean(counts):.2f}'
+    print(f'| gm | {_cap_name(cap)} | ' + ' | '.join(cells) + f' | {capped} |')
+
+
+def _cap_name(cap) -> str:
+  if cap is None:
+    return 'off'
+  return f'{cap.get("multiple", weight_cap.DEFAULT_MULTIPLE):g} × median'
+
+
+
 def main(argv):
   del argv
-  from tff_robust.distributed import runtime  # pylint: disable=g-import-not-at-top
   with runtime.worker_binaries_stopped():
     if 'attack' in _PARTS.value:
       attack_table()
@@ -179,6 +227,9 @@ def main(argv):
       print()
     if 'cost' in _PARTS.value:
       cost_table(_ROUNDS.value)
+    if 'accuracy' in _PARTS.value:
+      print()
+      accuracy_table()
 
 
 if __name__ == '__main__':

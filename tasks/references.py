@@ -295,7 +295,7 @@ def arc_clipped_rows(rows: np.ndarray, num_byzantine: int,
   return _clipped_rows(rows, threshold)
 
 
-def capped_weights(weights: np.ndarray, quantile: float = 0.5, multiple: float = 4.0,
+def capped_weights(weights: np.ndarray, quantile: float = 0.5, multiple: float = 2.0,
                    buckets_per_octave: int = 8,
                    trace: Optional[dict[str, Any]] = None) -> np.ndarray:
   """The weight cap (`tff_robust.aggregators.weight_cap`): every α_i truncated at

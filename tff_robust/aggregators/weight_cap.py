@@ -34,7 +34,7 @@ BUCKETS_PER_OCTAVE = 8
 # float32 weight lies in a bucket; float64 weights beyond go to the edge buckets.
 _LOWEST_OCTAVE, _HIGHEST_OCTAVE = -126, 128
 DEFAULT_QUANTILE = 0.5
-DEFAULT_MULTIPLE = 4.0
+DEFAULT_MULTIPLE = 2.0
 CAP_MEASUREMENT = 'weight_cap'
 NUM_CAPPED_MEASUREMENT = 'num_capped_clients'
 

@@ -98,7 +98,7 @@ def build_robust_federated_aggregation_process(
     report_max_effective_weight: see `GeometricMedianFactory`.
     report_objective: see `GeometricMedianFactory` (False saves the scalar-only call
       that completes the `objective` measurement on workers).
-    cap_weights: cap every client's weight α_i at 4 × the clients' median weight
+    cap_weights: cap every client's weight α_i at 2 × the clients' median weight
       (`tff_robust.aggregators.weight_cap.WeightCappingFactory`, one more secure sum
       of a weight histogram per round, measured as `weight_cap` and
       `num_capped_clients`): α_i is what a client reports, and one client reporting

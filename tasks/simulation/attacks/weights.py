@@ -14,6 +14,7 @@ import numpy as np
 
 from tasks import references
 from tasks.simulation.attacks import base
+from tff_robust.aggregators import weight_cap
 
 DEFAULT_UPDATE_ATTACK = 'ipm'
 # The far point of the issue's measurement: −10 × the honest mean.
@@ -73,7 +74,8 @@ class AdaptiveWeight(base.UpdateAttack):
   the largest weight that cap lets through. Against no cap it is a modest
   inflation (`multiple` × about the quantile)."""
 
-  def __init__(self, quantile: float = 0.5, multiple: float = 4.0,
+  def __init__(self, quantile: float = weight_cap.DEFAULT_QUANTILE,
+               multiple: float = weight_cap.DEFAULT_MULTIPLE,
                update_attack: str = DEFAULT_UPDATE_ATTACK,
                update_params: Optional[Mapping[str, Any]] = None):
     self.quantile = base.positive('quantile', quantile)

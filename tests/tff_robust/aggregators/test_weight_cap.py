@@ -45,7 +45,7 @@ def _weights(case):
 
 CASES = ('example_counts', 'equal', 'powers_of_two', 'one_huge', 'attackers_below_half',
          'attackers_at_zero_and_tiny', 'tiny', 'all_zero')
-ARGUMENTS = ({}, {'quantile': 0.25, 'multiple': 1.0}, {'quantile': 0.9, 'multiple': 2.5})
+ARGUMENTS = ({}, {'quantile': 0.25, 'multiple': 1.0}, {'quantile': 0.9, 'multiple': 4.5})
 
 _PROCESSES = {}
 
@@ -92,8 +92,9 @@ class ReferenceTest(parameterized.TestCase):
       self.skipTest('no client')
     cap = float(_run(_process({}), weights).measurements['weight_cap'])
     median = positive[int(np.ceil(0.5 * len(positive))) - 1]
-    self.assertGreater(cap, 4 * median * (1 - 1e-6))
-    self.assertLessEqual(cap, 4 * median * 2**(1 / 8) * (1 + 1e-6))
+    multiple = weight_cap.DEFAULT_MULTIPLE
+    self.assertGreater(cap, multiple * median * (1 - 1e-6))
+    self.assertLessEqual(cap, multiple * median * 2**(1 / 8) * (1 + 1e-6))
 
   def test_pass_by_pass_equals_the_fused_process(self):
     weights = _weights('attackers_below_half')
