@@ -14,6 +14,7 @@ its arguments), and what the tests check the factories of `tff_robust` and
   norm_clipping           the weighted mean of the rows clipped to a norm
   gradient_masked_mean    GMA: the weighted mean masked by the sign agreement
   arc_clipped_rows        ARC's pre-aggregation clipping (rows → rows)
+  capped_weights          the robust weight cap (weights → weights)
 
 Every aggregator's reference is a function `(rows [n, d], weights [n], *arguments) →
 [d]` of numpy arrays only (a pre-aggregation wrapper's maps the rows to rows); some
@@ -349,3 +350,31 @@ def arc_clipped_rows(rows: np.ndarray, num_byzantine: int,
   if trace is not None:
     trace.update(threshold=threshold, num_clipped=int(np.sum(norms > threshold)))
   return _clipped_rows(rows, threshold)
+
+
+def capped_weights(weights: np.ndarray, quantile: float = 0.5, multiple: float = 2.0,
+                   buckets_per_octave: int = 8,
+                   trace: Optional[dict[str, Any]] = None) -> np.ndarray:
+  """The weight cap (`tff_robust.aggregators.weight_cap`): every α_i truncated at
+  `multiple` × u, u the smallest edge 2^(k / `buckets_per_octave`) (k from −126 to 128
+  octaves' worth) strictly above the ⌈quantile · n⌉-th smallest of the n weights > 0
+  (the upper edge of its histogram bucket; any weight beyond the last edge is in the
+  last bucket, u = ∞). No weight > 0: nothing is capped, cap 0.
+
+  `trace`, if given, gets `weight_cap` and `num_capped_clients`.
+  """
+  weights = np.asarray(weights, np.float64)
+  positive = np.sort(weights[weights > 0])
+  if not len(positive):
+    cap, capped = 0.0, weights.copy()
+  else:
+    edges = np.exp2(np.arange(-126 * buckets_per_octave, 128 * buckets_per_octave + 1)
+                    / buckets_per_octave)
+    kth = positive[int(np.ceil(quantile * len(positive))) - 1]
+    above = edges[edges > kth]
+    cap = multiple * (above[0] if len(above) else np.inf)
+    capped = np.minimum(weights, cap)
+  if trace is not None:
+    trace['weight_cap'] = cap
+    trace['num_capped_clients'] = int(np.sum(weights > cap))
+  return capped

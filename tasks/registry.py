@@ -33,8 +33,9 @@ and checked by its constructor.
 
 Every factory built here is weighted and unweighted (`create(value_type)` gives every
 client weight 1; `build_unweighted_fed_avg` takes it) and is wrapped, outermost, in
-`tff_robust.NonfiniteFilteringFactory`: a client with a NaN or an infinity gets weight 0
-and is counted in the `num_nonfinite_clients` measurement.
+`tff_robust.NonfiniteFilteringFactory`: a client with a NaN or an infinity, or a
+negative, subnormal or non-finite weight, gets weight 0 and is counted in the
+`num_nonfinite_clients` measurement. `weight_cap=` adds the robust weight cap inside it.
 
 The names cover both layers: the deployable, secure-aggregation compatible factories of
 `tff_robust` and the comparison methods of `baselines`. Every name returns a
@@ -69,6 +70,7 @@ from tff_robust.aggregators import gamma_mean
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import gradient_masking
 from tff_robust.aggregators import nonfinite
+from tff_robust.aggregators import weight_cap as weight_cap_lib
 
 Builder = Callable[..., tff.aggregators.WeightedAggregationFactory]
 
@@ -220,6 +222,7 @@ def split_name(name: str) -> tuple[list[str], str]:
 def aggregator_from_name(
     name: str, wrapper_args: Optional[Mapping[str, Mapping[str, Any]]] = None,
     assumed_byzantine_fraction: Optional[float] = None,
+    weight_cap: Optional[Mapping[str, Any]] = None,
     **kwargs) -> tff.aggregators.WeightedAggregationFactory:
   """The weighted aggregation factory called `name`, built with `kwargs` (the named
   aggregator's constructor arguments; 'multi_krum' defaults `num_selected` to n − f)
@@ -236,6 +239,12 @@ def aggregator_from_name(
   ρ = `assumed_byzantine_fraction` (the simulation binaries pass the run's --rho), or
   `DEFAULT_BYZANTINE_FRACTION` = 0.25 if that is None. Other aggregators ignore
   `assumed_byzantine_fraction`.
+
+  `weight_cap`, if not None, puts `tff_robust.aggregators.weight_cap.
+  WeightCappingFactory` (its keyword arguments, `{}` its defaults) around the named
+  factory, inside the filter: every client's weight is capped at a multiple of the
+  clients' median weight. Off by default here, so the committed results keep their
+  meaning; the RFA learning builders turn it on by default.
 
   Every returned factory is both a weighted and an unweighted TFF factory
   (`create(value_type)` gives every client weight 1), so it plugs into
@@ -258,6 +267,8 @@ def aggregator_from_name(
     if wrapper in _WRAPPERS_TAKING_ASSUMED_FRACTION:
       args = _with_assumed_byzantine(args, assumed_byzantine_fraction)
     factory = WRAPPERS[wrapper](factory, **args)
+  if weight_cap is not None:
+    factory = weight_cap_lib.WeightCappingFactory(factory, **weight_cap)
   return nonfinite.NonfiniteFilteringFactory(factory)
 
 

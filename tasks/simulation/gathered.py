@@ -30,6 +30,7 @@ import tensorflow_federated as tff
 
 from baselines import gather
 from tff_robust.aggregators import nonfinite
+from tff_robust.common import numerics
 
 # TensorFlow's `Allocator::kAllocatorAlignment`: a buffer it takes without a copy.
 _ALIGNMENT = 64
@@ -75,7 +76,8 @@ def in_process_aggregation(factory: tff.aggregators.WeightedAggregationFactory,
 
   def aggregate(state, updates, weights):
     weights = np.asarray(weights, np.float32)
-    finite = [bool(np.isfinite(w)) and _all_finite(_leaves(update, shapes))
+    finite = [numerics.is_usable_weight_value(w) and
+              _all_finite(_leaves(update, shapes))
               for update, w in zip(updates, weights)]
     kept = [i for i, ok in enumerate(finite) if ok and weights[i] > 0]
     values = _stacked_releasing(updates, kept, shapes, size, dtype)

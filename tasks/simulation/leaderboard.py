@@ -50,11 +50,16 @@ EXCLUDED_AGGREGATORS = {
 }
 _NON_FINITE = ('a client fault, not an attack: the filter in front of every '
                'aggregator drops such clients whatever the aggregator')
+_WEIGHT_ATTACKS = ('a weight attack (a corrupted client reports its weight): measured '
+                   'against the weight cap in benchmarks/weight_attacks.py, beside '
+                   'the update-only grid')
 EXCLUDED_ATTACKS = {
     'nan': _NON_FINITE,
     'inf': _NON_FINITE,
     'data': "EMNIST's negative images (the RFA paper's data corruption); the grid's "
             'data attack is label flipping',
+    'weight_inflation': _WEIGHT_ATTACKS,
+    'adaptive_weight': _WEIGHT_ATTACKS,
 }
 # The task whose data attacks are in the default grid (the binary's default --task).
 TASK_DATA_ATTACKS = emnist.DATA_ATTACKS

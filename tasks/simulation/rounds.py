@@ -68,6 +68,7 @@ from tasks.simulation import attacks
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import gathered
 from tasks.simulation import in_process as in_process_lib
+from tff_robust.common import numerics
 
 State = collections.OrderedDict
 ClientData = Union[Sequence[tf.data.Dataset], Callable[[str], tf.data.Dataset]]
@@ -104,8 +105,8 @@ class RoundOutput:
       attack applied (one structure of numpy arrays per client, the trainable
       variables; TFF's sign: initial − trained weights); None with
       `keep_updates=False`.
-    weights: `[n]` float32 weight of every client (0 for a client whose update the
-      client work found non-finite).
+    weights: `[n]` float32 weight every client reported (0 for a client whose update
+      the client work found non-finite; a weight attack's claim for a corrupted one).
     corrupted: `[n]` bool: the clients the attack controlled.
     client_metrics: The client work's flat round metrics (`train_loss`, ...).
     aggregate: The aggregator's result (the update the server applied).
@@ -324,14 +325,18 @@ class Round:
     # Only `updates` holds them from here on: a gathering baseline's in-process step
     # drops each update once copied into its matrix, so they are not held twice.
     updates, trained.updates = trained.updates, None
+    reported = trained.weights
     if attack is not None:
-      updates = attack(updates, trained.weights, corrupted,
-                       rng if rng is not None else np.random.default_rng())
-    self._check_num_clients(client_ids, updates, trained.weights, corrupted, attack)
+      # A corrupted device sends any update and reports any weight.
+      updates, reported = attack.attack_round(
+          updates, trained.weights, corrupted,
+          rng if rng is not None else np.random.default_rng())
+      reported = np.asarray(reported, np.float32)
+    self._check_num_clients(client_ids, updates, reported, corrupted, attack)
     sent = list(updates) if keep_updates else updates
     if self._weighted:
       aggregate = self.aggregate(state['aggregator'], updates,
-                                 [np.float32(w) for w in trained.weights])
+                                 [np.float32(w) for w in reported])
     else:
       aggregate = self.aggregate(state['aggregator'], updates)
     applied = self._server_next(state['server_optimizer'], weights, aggregate.result)
@@ -344,7 +349,7 @@ class Round:
     new_state['server_optimizer'] = applied.state
     return RoundOutput(
         state=new_state, updates=sent if keep_updates else None,
-        weights=trained.weights, corrupted=corrupted,
+        weights=reported, corrupted=corrupted,
         client_metrics=collections.OrderedDict(trained.metrics),
         aggregate=aggregate.result,
         measurements=collections.OrderedDict(
@@ -363,7 +368,7 @@ class Round:
     if self._factory is None:
       return  # A process says nothing of its conditions.
     registry.check_num_clients(self._factory, len(updates))
-    usable = [w > 0 and np.isfinite(w) and all_finite(u)
+    usable = [w > 0 and numerics.is_usable_weight_value(w) and all_finite(u)
               for u, w in zip(updates, weights)]
     try:
       registry.check_num_clients(self._factory, sum(usable))

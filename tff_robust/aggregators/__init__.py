@@ -5,7 +5,10 @@
   gradient_masking    GradientMaskedAveragingFactory (GMA)
   centered_clipping   SecureCenteredClippingFactory
   privacy             DifferentiallyPrivateWeightedMeanFactory (a DP inner mean)
-  nonfinite           NonfiniteFilteringFactory (drops NaN/Inf clients)
+  nonfinite           NonfiniteFilteringFactory (drops NaN/Inf clients and unusable
+                      weights: negative, subnormal, non-finite)
+  weight_cap          WeightCappingFactory (caps client weights at a multiple of their
+                      median, from one secure sum)
   original_rfa        the original TFF RFA's entry points, with their meaning
   robust_scale        the round's scale behind the relative ν and γ
 """

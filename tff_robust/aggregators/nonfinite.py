@@ -7,6 +7,13 @@ TFF's own client work already zeroes a non-finite model delta, but a client that
 not run TFF's code can send anything; the wrapper runs on the clients' side of every
 aggregator and needs nothing but a sum of 0/1 flags, so it keeps a secure aggregator
 secure.
+
+The same wrapper applies the one rule on client weights
+(`tff_robust.common.numerics.is_usable_weight`): a weight is a count of examples, so a
+negative, subnormal or non-finite one drops the client (weight 0, zero update) and is
+counted with the non-finite updates. Without the rule a negative weight pulls a
+secure aggregate away from the client while a gathering twin leaves the client out,
+and a subnormal one is flushed to zero uncounted.
 """
 
 import collections
@@ -22,16 +29,18 @@ MEASUREMENT = 'num_nonfinite_clients'
 
 
 class NonfiniteFilteringFactory(unit_weights.WeightedOrUnweightedFactory):
-  """Gives weight 0 and a zero update to every client whose update or weight holds a
-  NaN or an infinity, counts them, and aggregates with `inner` (weights as float32).
+  """Gives weight 0 and a zero update to every client whose update holds a NaN or an
+  infinity or whose weight is negative, subnormal (below float32's smallest normal
+  number) or non-finite, counts them, and aggregates with `inner` (weights as
+  float32). A weight of exactly 0 is kept (and not counted).
 
   The created process's `next` has type signature
   `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, result=value@SERVER,
   measurements@SERVER>)`, with the inner process's state and result. Its measurements
   are the inner process's named measurements (kept flat, so names do not change when
   the wrapper is added) plus
-  *   `num_nonfinite_clients`: clients given weight 0 for a non-finite update or
-      weight;
+  *   `num_nonfinite_clients`: clients given weight 0 for a non-finite update or an
+      unusable (negative, subnormal or non-finite) weight;
   an inner process whose measurements are not a named structure has them under
   `inner`.
 
@@ -80,11 +89,12 @@ class NonfiniteFilteringFactory(unit_weights.WeightedOrUnweightedFactory):
 def client_filter(value_type, weight_type):
   """The filter as a federated step, to call inside a `tff.federated_computation`:
   `(value, weight) at CLIENTS → (value, float32 weight) at CLIENTS, num_dropped (int32)
-  at SERVER`, non-finite clients with weight 0 and a zero update."""
+  at SERVER`, dropped clients (a non-finite update, an unusable weight) with weight 0
+  and a zero update."""
 
   @tff.tensorflow.computation(value_type, weight_type)
   def finite_weight(client_value, client_weight):
-    return numerics.weight_if_finite(client_value, client_weight)
+    return numerics.weight_if_usable(client_value, client_weight)
 
   @tff.tensorflow.computation(value_type, tf.int32)
   def finite_value(client_value, dropped):
@@ -105,10 +115,21 @@ def client_filter(value_type, weight_type):
 def with_count(measurements, num_dropped) -> collections.OrderedDict:
   """The inner measurements (a SERVER-placed structure) kept flat, plus
   `num_nonfinite_clients`."""
+  return with_measurements(measurements, {MEASUREMENT: num_dropped})
+
+
+def with_measurements(measurements, extra) -> collections.OrderedDict:
+  """The inner measurements (a SERVER-placed structure) kept flat (a structure that
+  is not named under `inner`), plus the SERVER values of `extra` by name, after them.
+
+  Raises:
+    ValueError: if the inner measurements already hold one of the names.
+  """
   fields = _named_fields(measurements)
-  if MEASUREMENT in fields:
-    raise ValueError(f'The inner aggregator already reports {MEASUREMENT!r}.')
-  fields[MEASUREMENT] = num_dropped
+  for name, value in extra.items():
+    if name in fields:
+      raise ValueError(f'The inner aggregator already reports {name!r}.')
+    fields[name] = value
   return fields
 
 

@@ -107,9 +107,46 @@ def scale(structure, factor):
       lambda t: t * tf.cast(factor, t.dtype), as_nest(structure))
 
 
-def is_finite_update(value, weight):
-  """True iff the client's update and its weight are all finite."""
-  return is_all_finite(value) & tf.math.is_finite(tf.cast(weight, tf.float32))
+# The bit patterns of an exact zero (either sign) of the weight dtypes, read from the
+# bits: TensorFlow's CPU kernels treat a subnormal input as zero, so `w == 0` cannot
+# tell a subnormal weight from a zero one.
+_MAGNITUDE_MASKS = {tf.float16: (tf.int16, 0x7fff), tf.bfloat16: (tf.int16, 0x7fff),
+                    tf.float32: (tf.int32, 0x7fffffff),
+                    tf.float64: (tf.int64, 0x7fffffffffffffff)}
+
+
+def is_usable_weight(weight):
+  """The client-weight rule of every aggregator: True iff `weight` is 0 (a client with
+  nothing to say, kept and ignored) or finite and at least `FLOAT32_TINY`. A negative,
+  non-finite or subnormal weight (also one below `FLOAT32_TINY` in float64, which
+  float32 would flush) is not a client's example count: the client is dropped.
+  Integer weights: True iff ≥ 0."""
+  weight = tf.convert_to_tensor(weight)
+  if weight.dtype.is_integer:
+    return weight >= 0
+  int_dtype, mask = _MAGNITUDE_MASKS[weight.dtype]
+  magnitude_bits = tf.bitwise.bitwise_and(tf.bitcast(weight, int_dtype),
+                                          tf.constant(mask, int_dtype))
+  as_float64 = tf.cast(weight, tf.float64)
+  return tf.logical_or(
+      tf.equal(magnitude_bits, 0),
+      tf.logical_and(tf.math.is_finite(as_float64), as_float64 >= FLOAT32_TINY))
+
+
+def is_usable_weight_value(weight) -> bool:
+  """`is_usable_weight` for one weight in numpy (the simulation's in-process paths):
+  0, or finite and ≥ `FLOAT32_TINY`; integers ≥ 0."""
+  weight = np.asarray(weight)
+  if np.issubdtype(weight.dtype, np.integer):
+    return bool(weight >= 0)
+  weight = weight.astype(np.float64)
+  return bool(weight == 0 or (np.isfinite(weight) and weight >= FLOAT32_TINY))
+
+
+def is_usable_update(value, weight):
+  """True iff the client's update is all finite and its weight usable
+  (`is_usable_weight`)."""
+  return is_all_finite(value) & is_usable_weight(weight)
 
 
 def zeros_if_dropped(value, dropped):
@@ -126,9 +163,10 @@ def zeros_if_dropped(value, dropped):
       lambda: tf.nest.map_structure(tf.identity, value))
 
 
-def weight_if_finite(value, weight):
-  """`(weight, dropped)`: float32 weight, zeroed for a non-finite client, and an int32
-  1 for such a client, to be summed."""
-  finite = is_finite_update(value, weight)
-  return (tf.where(finite, tf.cast(weight, tf.float32), 0.0),
-          tf.cast(tf.logical_not(finite), tf.int32))
+def weight_if_usable(value, weight):
+  """`(weight, dropped)`: float32 weight, zeroed for a client dropped by
+  `is_usable_update` (a non-finite update; a negative, subnormal or non-finite
+  weight), and an int32 1 for such a client, to be summed."""
+  usable = is_usable_update(value, weight)
+  return (tf.where(usable, tf.cast(weight, tf.float32), 0.0),
+          tf.cast(tf.logical_not(usable), tf.int32))

@@ -14,11 +14,33 @@ def check_float_structure(value_type) -> None:
     raise TypeError(
         f'Expected a tff.TensorType or tff.StructType value type, got {value_type!r}.'
     )
+  unsupported = sorted({str(np.dtype(leaf.dtype)) for leaf in _tensor_types(value_type)
+                        if np.dtype(leaf.dtype).name in _UNSUPPORTED_FLOATS})
+  if unsupported:
+    raise TypeError(
+        f'Robust aggregators take float16, float32 and float64 values; got '
+        f'{", ".join(unsupported)} in the value type {value_type}. Cast the update to '
+        'float32 before aggregating (its norms and weighted sums need more than '
+        "bfloat16's 8 bits of precision).")
   if not tff.types.is_structure_of_floats(value_type):
     raise TypeError(
         'Robust aggregators need float values (model updates); got the value type '
         f'{value_type}. Cast integer tensors to float before aggregating.'
     )
+
+
+# Float dtypes that are not numpy floats (TFF's `is_structure_of_floats` rejects them as
+# if they were integers).
+_UNSUPPORTED_FLOATS = ('bfloat16',)
+
+
+def _tensor_types(value_type) -> list:
+  if isinstance(value_type, tff.TensorType):
+    return [value_type]
+  if isinstance(value_type, tff.StructType):
+    return [leaf for _, element in tff.structure.iter_elements(value_type)
+            for leaf in _tensor_types(element)]
+  return []
 
 
 def check_weight_type(weight_type: Optional[tff.Type]) -> None:

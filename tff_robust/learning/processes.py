@@ -32,6 +32,7 @@ from tensorflow_federated.python.learning.templates import model_delta_client_wo
 
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import nonfinite
+from tff_robust.aggregators import weight_cap
 from tff_robust.distributed import passwise
 
 _DEFAULT_CLIENT_WEIGHTING = tff.learning.ClientWeighting.NUM_EXAMPLES
@@ -59,6 +60,7 @@ def build_robust_federated_aggregation_process(
     inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     report_max_effective_weight: bool = True,
     report_objective: bool = True,
+    cap_weights: bool = True,
     client_weighting: Optional[tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
     model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
     metrics_aggregator=None,
@@ -97,6 +99,11 @@ def build_robust_federated_aggregation_process(
     report_max_effective_weight: see `GeometricMedianFactory`.
     report_objective: see `GeometricMedianFactory` (False saves the scalar-only call
       that completes the `objective` measurement on workers).
+    cap_weights: cap every client's weight α_i at 2 × the clients' median weight
+      (`tff_robust.aggregators.weight_cap.WeightCappingFactory`, one more secure sum
+      of a weight histogram per round, measured as `weight_cap` and
+      `num_capped_clients`): α_i is what a client reports, and one client reporting
+      the others' total owns the median. False: the weights as reported.
     client_weighting: α_i: `tff.learning.ClientWeighting.NUM_EXAMPLES` (paper) or
       `UNIFORM`, or a callable of the local training outputs.
     model_distributor: as for `build_weighted_fed_avg`.
@@ -108,7 +115,7 @@ def build_robust_federated_aggregation_process(
   """
   _check_optimizer('client_optimizer_fn', client_optimizer_fn)
   _check_optimizer('server_optimizer_fn', server_optimizer_fn)
-  aggregator = nonfinite.NonfiniteFilteringFactory(
+  aggregator = nonfinite.NonfiniteFilteringFactory(_capped(
       geometric_median.GeometricMedianFactory(
           num_communication_passes=num_communication_passes,
           nu=nu,
@@ -118,7 +125,7 @@ def build_robust_federated_aggregation_process(
           initial_point=initial_point,
           report_max_effective_weight=report_max_effective_weight,
           report_objective=report_objective,
-      ))
+      ), cap_weights))
   return build_process_with_aggregator(
       model_fn, client_optimizer_fn, server_optimizer_fn, aggregator,
       client_weighting=client_weighting,
@@ -138,6 +145,7 @@ def build_one_step_robust_federated_aggregation_process(
     inner_mean_factory: Optional[tff.aggregators.WeightedAggregationFactory] = None,
     report_max_effective_weight: bool = True,
     report_objective: bool = True,
+    cap_weights: bool = True,
     client_weighting: Optional[
         tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
     model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
@@ -148,20 +156,22 @@ def build_one_step_robust_federated_aggregation_process(
 
   The arguments of `build_robust_federated_aggregation_process` that make sense for
   one Weiszfeld step from the zero update (all but `num_communication_passes`,
-  `tolerance` and `initial_point`). With the default relative ν a round makes one more
-  (scalar-histogram) sum before the mean; `nu=1e-6` is the paper's form, a single
-  aggregation when `report_objective=False` (the `objective` needs the step's result).
+  `tolerance` and `initial_point`; `cap_weights` on by default). With the default
+  relative ν a round makes one more (scalar-histogram) sum before the mean, and the
+  weight cap one more (the weight histogram's); `nu=1e-6, cap_weights=False` is the
+  paper's form, a single aggregation when `report_objective=False` (the `objective`
+  needs the step's result).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
   """
   _check_optimizer('client_optimizer_fn', client_optimizer_fn)
   _check_optimizer('server_optimizer_fn', server_optimizer_fn)
-  aggregator = nonfinite.NonfiniteFilteringFactory(
+  aggregator = nonfinite.NonfiniteFilteringFactory(_capped(
       geometric_median.one_step_geometric_median_factory(
           nu=nu, relative_nu=relative_nu, inner_mean_factory=inner_mean_factory,
           report_max_effective_weight=report_max_effective_weight,
-          report_objective=report_objective))
+          report_objective=report_objective), cap_weights))
   return build_process_with_aggregator(
       model_fn, client_optimizer_fn, server_optimizer_fn, aggregator,
       client_weighting=client_weighting,
@@ -169,6 +179,12 @@ def build_one_step_robust_federated_aggregation_process(
       metrics_aggregator=metrics_aggregator,
       loop_implementation=loop_implementation,
   )
+
+
+def _capped(factory, cap_weights: bool):
+  if not isinstance(cap_weights, bool):
+    raise TypeError(f'cap_weights must be True or False, got {cap_weights!r}.')
+  return weight_cap.WeightCappingFactory(factory) if cap_weights else factory
 
 
 def build_process_with_aggregator(

@@ -13,7 +13,8 @@ by name), and always evaluates on clean data.
                references of `tasks.references`)
   <attack>     one module per attack, or per family (`min_max` holds Min-Max and
                Min-Sum, `optimal` the optimal ALIE and IPM, `extreme_norms` the zero,
-               tiny and far updates, `faults` the NaN and Inf faults)
+               tiny and far updates, `faults` the NaN and Inf faults, `weights`
+               the weight attacks: a corrupted client's reported weight)
 
 Every update attack has one contract: parameters in the constructor, and
 `attack(updates, weights, corrupted, rng)` returns the round's updates with the
@@ -68,6 +69,7 @@ from tasks.simulation.attacks import mimic
 from tasks.simulation.attacks import optimal
 from tasks.simulation.attacks import model_replacement
 from tasks.simulation.attacks import faults
+from tasks.simulation.attacks import weights
 # pylint: enable=g-bad-import-order
 
 # A module added to the package but not above still registers its attacks.
@@ -94,3 +96,5 @@ from tasks.simulation.attacks.optimal import OptimalALittleIsEnough
 from tasks.simulation.attacks.optimal import OptimalInnerProductManipulation
 from tasks.simulation.attacks.random_gaussian import RandomGaussian
 from tasks.simulation.attacks.sign_flip import SignFlip
+from tasks.simulation.attacks.weights import AdaptiveWeight
+from tasks.simulation.attacks.weights import WeightInflation

@@ -88,7 +88,9 @@ class UpdateAttack(abc.ABC):
 
   One contract: parameters in the constructor, and
   `attack(updates, weights, corrupted, rng)` returns the round's updates with the
-  corrupted clients' ones replaced. Subclasses only write `malicious_rows`, which sees
+  corrupted clients' ones replaced; `reported_weights` the weights the clients report
+  (by default the true ones: a weight attack overrides it), and `attack_round` both,
+  which is what the harness sends. Subclasses only write `malicious_rows`, which sees
   the round's honestly computed updates as one float64 matrix (a row per client, the
   model flattened).
   """
@@ -133,6 +135,34 @@ class UpdateAttack(abc.ABC):
       corrupted: `[n]` bool.
       rng: Randomness.
     """
+
+  def reported_weights(self, weights: Sequence[float],
+                       corrupted: Sequence[bool]) -> np.ndarray:
+    """The weights the round's clients report (`[n]` float64): a corrupted device
+    reports any weight it likes, as it sends any update. The default reports the true
+    ones; a weight attack overrides this (honest clients' weights stay as they are).
+
+    Args:
+      weights: α_j of the round's clients, their true example counts.
+      corrupted: True for the round's clients in C.
+    """
+    del corrupted
+    return np.asarray(weights, np.float64).copy()
+
+  def attack_round(self, updates: Sequence[Any], weights: Sequence[float],
+                   corrupted: Sequence[bool],
+                   rng: np.random.Generator) -> tuple[list, np.ndarray]:
+    """What the round's clients send: `(updates, weights)`, the corrupted clients'
+    updates replaced (`__call__`, from the true weights) and their weights as they
+    report them (`reported_weights`)."""
+    updates = self(updates, weights, corrupted, rng)
+    reported = np.asarray(self.reported_weights(weights, corrupted), np.float64)
+    honest = ~np.asarray(corrupted, bool)
+    if reported.shape != np.shape(weights) or not np.array_equal(
+        reported[honest], np.asarray(weights, np.float64)[honest], equal_nan=True):
+      raise ValueError(f'{type(self).__name__}.reported_weights changed an honest '
+                       "client's weight or the number of weights.")
+    return updates, reported
 
   def __repr__(self):
     params = ', '.join(f'{k}={v!r}' for k, v in vars(self).items())

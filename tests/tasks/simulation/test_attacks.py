@@ -572,6 +572,11 @@ _RECORDED_ROWS = {
                            2.975227272727273]] * 2,
     'nan': [[np.nan] * 4] * 2,
     'inf': [[np.inf] * 4] * 2,
+    # IPM at ε = 10: −10 × the honest mean.
+    'weight_inflation': [[-5.915000000000001, -1.1899999999999994, 0.09500000000000009,
+                          5.79]] * 2,
+    'adaptive_weight': [[-5.915000000000001, -1.1899999999999994, 0.09500000000000009,
+                         5.79]] * 2,
 }
 
 
@@ -587,6 +592,78 @@ class RecordedRowsTest(parameterized.TestCase):
   def test_every_attack_is_recorded_in_registration_order(self):
     # The order is the leaderboard's attack columns (and the binaries' help).
     self.assertEqual(list(attacks.UPDATE_ATTACKS), list(_RECORDED_ROWS))
+
+
+class WeightAttacksTest(parameterized.TestCase):
+  """A corrupted client reports its weight: `reported_weights`, `attack_round`."""
+
+  def test_update_attacks_report_the_true_weights(self):
+    for name in attacks.UPDATE_ATTACKS:
+      if name in ('weight_inflation', 'adaptive_weight'):
+        continue
+      np.testing.assert_array_equal(
+          attacks.build_update_attack(name).reported_weights(_WEIGHTS, _CORRUPTED),
+          _WEIGHTS, name)
+
+  @parameterized.parameters(1.0, 19.0, 1e4)
+  def test_inflation_multiplies_the_corrupted_weights_only(self, factor):
+    reported = attacks.build_update_attack(
+        'weight_inflation', factor=factor).reported_weights(_WEIGHTS, _CORRUPTED)
+    np.testing.assert_array_equal(reported,
+                                  np.where(_CORRUPTED, factor * _WEIGHTS, _WEIGHTS))
+
+  @parameterized.parameters((0.5, 4.0), (0.25, 1.0), (0.9, 2.5))
+  def test_adaptive_claims_the_cap_with_every_attacker_high(self, quantile, multiple):
+    rng = np.random.default_rng(3)
+    weights = rng.integers(10, 201, size=20).astype(np.float64)
+    corrupted = np.zeros(20, bool)
+    corrupted[[2, 5, 11]] = True
+    reported = attacks.build_update_attack(
+        'adaptive_weight', quantile=quantile, multiple=multiple).reported_weights(
+            weights, corrupted)
+    np.testing.assert_array_equal(reported[~corrupted], weights[~corrupted])
+    claims = reported[corrupted]
+    self.assertLen(set(claims), 1)
+    # The largest weight the cap lets through: claiming it, no attacker is capped,
+    # and claiming more (up to float32's largest) gains nothing.
+    np.testing.assert_array_equal(
+        references.capped_weights(reported, quantile, multiple)[corrupted], claims)
+    more = np.where(corrupted, np.finfo(np.float32).max, weights)
+    self.assertLessEqual(
+        references.capped_weights(more, quantile, multiple)[corrupted].max(), claims[0])
+
+  def test_attack_round_sends_the_updates_and_the_reported_weights(self):
+    attack = attacks.build_update_attack('weight_inflation', factor=100.0,
+                                         update_attack='sign_flip')
+    updates = [{'w': row.copy()} for row in _UPDATES]
+    sent, reported = attack.attack_round(updates, _WEIGHTS, _CORRUPTED,
+                                         np.random.default_rng(0))
+    np.testing.assert_array_equal(reported, np.where(_CORRUPTED, 100 * _WEIGHTS,
+                                                     _WEIGHTS))
+    np.testing.assert_array_equal(sent[1]['w'], -_UPDATES[1])
+    np.testing.assert_array_equal(sent[0]['w'], _UPDATES[0])
+
+  def test_a_weight_attack_may_not_change_honest_weights(self):
+    class Cheating(attacks.UpdateAttack):
+      def malicious_rows(self, updates, weights, corrupted, rng):
+        return updates[corrupted]
+
+      def reported_weights(self, weights, corrupted):
+        return 2 * np.asarray(weights)
+
+    with self.assertRaisesRegex(ValueError, 'honest'):
+      Cheating().attack_round(list(_UPDATES), _WEIGHTS, _CORRUPTED,
+                              np.random.default_rng(0))
+
+  @parameterized.named_parameters(
+      ('weight_attack_as_update', 'weight_inflation',
+       {'update_attack': 'adaptive_weight'}),
+      ('unknown_update', 'weight_inflation', {'update_attack': 'nope'}),
+      ('factor', 'weight_inflation', {'factor': -1.0}),
+      ('quantile', 'adaptive_weight', {'quantile': 1.0}))
+  def test_bad_parameters(self, name, params):
+    with self.assertRaises(ValueError):
+      attacks.build_update_attack(name, **params)
 
 
 _PACKAGE = pathlib.Path(attacks.__file__).parent
@@ -635,7 +712,7 @@ class PackageTest(parameterized.TestCase):
           inspect.isabstract(cls)):
         found.add(cls)
     self.assertEqual(found, set(attacks.UPDATE_ATTACKS.values()))
-    self.assertLen(found, 17)
+    self.assertLen(found, 19)
 
   def test_each_attack_module_defines_attacks_and_imports_no_other_attack(self):
     for info in pkgutil.iter_modules([str(_PACKAGE)]):
@@ -658,7 +735,7 @@ class PackageTest(parameterized.TestCase):
       'SignFlip', 'ALittleIsEnough', 'InnerProductManipulation', 'ZeroUpdate',
       'TinyUpdate', 'FarUpdate', 'RandomGaussian', 'MinMax', 'MinSum', 'Mimic',
       'OptimalALittleIsEnough', 'OptimalInnerProductManipulation',
-      'ModelReplacement', 'NaNFault', 'InfFault')
+      'ModelReplacement', 'NaNFault', 'InfFault', 'WeightInflation', 'AdaptiveWeight')
   def test_names_of_the_former_module(self, name):
     self.assertTrue(hasattr(attacks, name))
 

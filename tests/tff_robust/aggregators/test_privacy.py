@@ -19,6 +19,7 @@ from baselines import coordinatewise
 from tests.helpers import aggregator_cases
 import tff_robust
 from tff_robust.aggregators import robust_scale
+from tff_robust.aggregators import weight_cap
 
 VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
     kernel=tff.TensorType(np.float32, [4, 3]), bias=tff.TensorType(np.float32, [3])))
@@ -69,12 +70,14 @@ def client_to_server_intrinsics(computation):
 
 def only_scalars(member):
   """True if `member` is a scalar or a structure of scalars (sums of client weights and
-  objective terms, never a model-sized value), or a histogram of distances: the
-  relative ν's and the trimmed start's (`tff_robust.aggregators.robust_scale`:
-  per-bucket weights, no model value)."""
+  objective terms, never a model-sized value), or a histogram: the relative ν's and
+  the trimmed start's of distances (`tff_robust.aggregators.robust_scale`), the weight
+  cap's of client weights (`tff_robust.aggregators.weight_cap`); per-bucket weights,
+  no model value."""
   if isinstance(member, tff.TensorType):
     return not member.shape or tuple(member.shape) in (
-        (2, robust_scale.NUM_BUCKETS), (robust_scale.RADIUS_NUM_BUCKETS,))
+        (2, robust_scale.NUM_BUCKETS), (robust_scale.RADIUS_NUM_BUCKETS,),
+        (weight_cap.NUM_BUCKETS,))
   return all(only_scalars(element) for _, element in tff.structure.iter_elements(member))
 
 
@@ -97,6 +100,12 @@ SECURE_COMPATIBLE = (
     # Reveals no maximum either; 'mean' runs the inner mean on the raw updates too.
     ('centered_clipping', lambda inner, report: tff_robust.SecureCenteredClippingFactory(
         inner_mean_factory=inner)),
+    ('weight_capped_gm', lambda inner, report: weight_cap.WeightCappingFactory(
+        tff_robust.GeometricMedianFactory(inner_mean_factory=inner,
+                                          report_max_effective_weight=report))),
+    ('weight_capped_mean', lambda inner, report: weight_cap.WeightCappingFactory(
+        inner if inner is not None else tff_robust.iterative.iterative_mean.
+        Float64MeanFactory())),
     ('centered_clipping_from_mean', lambda inner, report: (
         tff_robust.SecureCenteredClippingFactory(initial_point='mean',
                                                  inner_mean_factory=inner))),

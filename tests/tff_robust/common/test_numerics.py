@@ -42,11 +42,11 @@ class GlobalNormTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_nonfinite_client_is_dropped_and_zeroed(self):
     s = structure(1.0)
-    weight, dropped = numerics.weight_if_finite(s, 2.0)
+    weight, dropped = numerics.weight_if_usable(s, 2.0)
     self.assertEqual((float(weight), int(dropped)), (2.0, 0))
     self.assertAllEqual(numerics.zeros_if_dropped(s, dropped)['kernel'], s['kernel'])
     s['kernel'][0, 0] = np.inf
-    weight, dropped = numerics.weight_if_finite(s, 2.0)
+    weight, dropped = numerics.weight_if_usable(s, 2.0)
     self.assertEqual((float(weight), int(dropped)), (0.0, 1))
     self.assertAllEqual(numerics.zeros_if_dropped(s, dropped)['kernel'],
                         np.zeros_like(s['kernel']))

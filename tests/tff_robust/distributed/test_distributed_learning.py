@@ -104,11 +104,12 @@ PROCESSES = {
     'one_step_rfa': (
         lambda: tff_robust.build_one_step_robust_federated_aggregation_process(
             model_fn, _optimizer()), False),
-    # The paper's absolute ν without the objective: a single aggregation.
+    # The paper's absolute ν without the objective and the weight cap: a single
+    # aggregation (the cap's histogram sum comes before it).
     'one_step_rfa_paper': (
         lambda: tff_robust.build_one_step_robust_federated_aggregation_process(
             model_fn, _optimizer(), nu=geometric_median.PAPER_NU,
-            report_objective=False), True),
+            report_objective=False, cap_weights=False), True),
     'gamma_mean': (_with(gamma_mean.GammaMeanFactory(gamma=0.05)), False),
     'secure_centered_clipping': (
         _with(centered_clipping.SecureCenteredClippingFactory(clip_radius=0.5)), False),

@@ -67,6 +67,27 @@ class RobustProcessTest(parameterized.TestCase):
     self.assertEqual(aggregator['num_nonfinite_clients'], 0)
     self.assertIn('loss', output.metrics['client_work']['train'])
 
+  @parameterized.named_parameters(*BUILDERS)
+  def test_caps_client_weights_by_default(self, build):
+    # A client's weight is the example count it reports: one with 100 times the
+    # others' examples weighs 2 × the median (to a bucket), not 100 ×.
+    optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.5)
+    sizes = [8] * 5 + [800]
+    capped = build(model_fn, optimizer)
+    output = capped.next(capped.initialize(), client_datasets(6, sizes=sizes))
+    aggregator = output.metrics['aggregator']
+    self.assertEqual(aggregator['num_capped_clients'], 1)
+    self.assertBetween(aggregator['weight_cap'], 2 * 8, 2 * 8 * 2**(1 / 8) * (1 + 1e-6))
+    uncapped = build(model_fn, optimizer, cap_weights=False)
+    output = uncapped.next(uncapped.initialize(), client_datasets(6, sizes=sizes))
+    self.assertNotIn('weight_cap', output.metrics['aggregator'])
+
+  def test_cap_weights_must_be_a_bool(self):
+    with self.assertRaisesRegex(TypeError, 'cap_weights'):
+      tff_robust.build_robust_federated_aggregation_process(
+          model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.5),
+          cap_weights='yes')
+
   def test_same_result_as_fed_avg_for_one_client(self):
     # The geometric median of one point is that point.
     optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.5)

@@ -1,0 +1,103 @@
+"""Corrupted clients that send different inputs in different passes of an iterative
+secure aggregate, run pass by pass in the simulation (`tasks.simulation.pass_attacks`)."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+import tensorflow_federated as tff
+
+from tasks import registry
+from tasks.simulation import attacks
+from tasks.simulation import pass_attacks
+
+NUM_CLIENTS = 20
+DIMENSION = 9
+VALUE_TYPE = tff.TensorType(np.float32, [DIMENSION])
+WEIGHT_TYPE = tff.TensorType(np.float32)
+ITERATIVE = ('gm', 'one_step_gm', 'gamma_mean', 'secure_centered_clipping')
+CORRUPTED = np.zeros(NUM_CLIENTS, bool)
+CORRUPTED[[3, 11]] = True
+
+_BUILT = {}
+
+
+def _built(name, capped):
+  key = (name, capped)
+  if key not in _BUILT:
+    factory = registry.aggregator_from_name(name,
+                                            weight_cap={} if capped else None)
+    _BUILT[key] = (factory.create(VALUE_TYPE, WEIGHT_TYPE),
+                   pass_attacks.pass_by_pass(factory, VALUE_TYPE))
+  return _BUILT[key]
+
+
+def _inputs():
+  rng = np.random.default_rng(0)
+  x = (1.0 + 0.5 * rng.normal(size=(NUM_CLIENTS, DIMENSION))).astype(np.float32)
+  weights = rng.integers(10, 201, size=NUM_CLIENTS).astype(np.float32)
+  return x.astype(np.float64), weights.astype(np.float64)
+
+
+def _fused(process, x, weights):
+  output = process.next(process.initialize(), [r.astype(np.float32) for r in x],
+                        [np.float32(w) for w in weights])
+  return np.asarray(output.result, np.float64), output
+
+
+def _by_pass(built, x, weights, attack):
+  initialize, aggregate, _ = built
+  output = aggregate(initialize(), x, weights, CORRUPTED, attack,
+                     np.random.default_rng(0))
+  return np.asarray(output.result, np.float64), output
+
+
+class PassByPassTest(parameterized.TestCase):
+
+  @parameterized.product(name=ITERATIVE, capped=(False, True))
+  def test_honest_passes_are_the_process_itself(self, name, capped):
+    process, built = _built(name, capped)
+    x, weights = _inputs()
+    expected, fused = _fused(process, x, weights)
+    actual, output = _by_pass(built, x, weights, None)
+    np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-7)
+    self.assertEqual(output.measurements['num_nonfinite_clients'],
+                     fused.measurements['num_nonfinite_clients'])
+
+  @parameterized.parameters(*ITERATIVE)
+  def test_attacking_from_the_first_pass_is_the_update_attack(self, name):
+    process, built = _built(name, False)
+    x, weights = _inputs()
+    update_attack = attacks.build_update_attack('ipm', epsilon=10.0)
+    attacked = update_attack.malicious_rows(x, weights, CORRUPTED, None)
+    consistent = x.copy()
+    consistent[CORRUPTED] = attacked
+    expected, _ = _fused(process, consistent, weights)
+    actual, _ = _by_pass(built, x, weights, pass_attacks.LateSwitch(from_pass=0))
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+  @parameterized.parameters(*ITERATIVE)
+  def test_the_cap_bounds_a_weight_claimed_in_a_later_pass(self, name):
+    # The histogram pass sees the true weights; a later pass's claim is capped there.
+    _, built = _built(name, True)
+    x, weights = _inputs()
+    results = [_by_pass(built, x, weights, pass_attacks.LateSwitch(
+        from_pass=1, weight_factor=factor))[0] for factor in (1e2, 1e4)]
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+  def test_without_the_cap_a_late_weight_owns_the_median(self):
+    _, built = _built('gm', False)
+    x, weights = _inputs()
+    # Honest in the first Weiszfeld pass, then −10 × the honest mean at 1e4 × α.
+    result, _ = _by_pass(built, x, weights, pass_attacks.LateSwitch(
+        from_pass=1, weight_factor=1e4))
+    honest_mean = x[~CORRUPTED].mean(axis=0)
+    self.assertGreater(np.linalg.norm(result - honest_mean),
+                       5 * np.linalg.norm(honest_mean))
+
+  def test_rejects_what_is_not_an_iterative_aggregate(self):
+    with self.assertRaisesRegex(TypeError, 'iterative'):
+      pass_attacks.pass_by_pass(registry.aggregator_from_name('median'), VALUE_TYPE)
+
+
+if __name__ == '__main__':
+  absltest.main()
