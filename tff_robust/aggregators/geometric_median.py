@@ -111,12 +111,14 @@ def smoothed_norm(distance, nu):
 
 
 def weiszfeld_beta(weight, distance, nu):
-  """β = α / max(ν, d) in float64. Not cast to float32: d may exceed the float32 range
-  (a client at 3e38 in every coordinate), and β of a client beyond about 8.5e37 is
-  below float32's smallest normal number, which TensorFlow flushes to zero, dropping
-  the client instead of giving it its small weight; a float64 model needs a float64
-  weight anyway."""
-  return tf.cast(weight, tf.float64) / tf.maximum(distance, nu)
+  """β = α·ν / max(ν, d) in float64: the Weiszfeld weight α / max(ν, d) times the
+  same ν for every client, which leaves the weighted mean unchanged and keeps β ≤ α,
+  so β·w never exceeds FedAvg's α·w (a client exactly at the estimate, where the
+  relative ν can be ~1e-49, would otherwise weigh α/ν, beyond float32's range). Not
+  cast to float32: d may exceed the float32 range (a client at 3e38 in every
+  coordinate), and a far client's β is below float32's smallest normal number, which
+  TensorFlow flushes to zero; a float64 model needs a float64 weight anyway."""
+  return tf.cast(weight, tf.float64) * (nu / tf.maximum(distance, nu))
 
 
 class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
@@ -151,9 +153,10 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
       the state carries at SERVER (zero before the first call).
 
   Every later pass broadcasts the current v; each client computes its own weight
-  β_i = α_i / max(ν, ‖v − w_i‖) over the whole model structure and the inner factory
-  returns Σ β_i w_i / Σ β_i (β in float64, so a float64 model is aggregated in
-  float64 and a client at 3e38 keeps its tiny weight).
+  β_i = α_i / max(ν, ‖v − w_i‖) over the whole model structure (times the common ν,
+  `weiszfeld_beta`) and the inner factory returns Σ β_i w_i / Σ β_i (β in float64, so
+  a float64 model is aggregated in float64 and a client at 3e38 keeps its tiny
+  weight).
 
   Smoothing ν: relative by default, `relative_nu` (0.2) × the clients' robust
   typical distance to the broadcast v (`tff_robust.aggregators.robust_scale`, one
@@ -370,13 +373,14 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
       return tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
 
     @tff.tensorflow.computation(value_type, value_type, tf.bool, tf.int32, tf.int32,
-                                tf.int32, tf.float64, tf.float32)
+                                tf.int32, tf.float64, tf.float32, tf.float64)
     def advance(center, proposal, frozen, frozen_at, passes, this_pass, beta_sum,
-                alpha_sum):
-      # ‖v⁺ − v‖·Σβ = ‖Σ β_i (w_i − v)‖ = ‖∇g_ν(v)‖: the relative gradient needs no
-      # client statistic beyond Σβ and Σα. Distances in float64, rescaled if needed.
+                alpha_sum, nu):
+      # ‖v⁺ − v‖·Σβ/ν = ‖Σ α_i (w_i − v)/max(ν, d_i)‖ = ‖∇g_ν(v)‖ (β carries a factor
+      # ν): the relative gradient needs no client statistic beyond Σβ and Σα.
+      # Distances in float64, rescaled if needed.
       relative_gradient = tf.math.divide_no_nan(
-          numerics.global_l2_distance(proposal, center) * beta_sum,
+          numerics.global_l2_distance(proposal, center) * (beta_sum / nu),
           tf.cast(alpha_sum, tf.float64))
       # Strictly positive tolerance only: at 0 a rounding-level gradient of 0 must not
       # stop the iteration (tolerance 0 means every pass runs).
@@ -627,7 +631,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     advanced = tff.federated_map(self._advance, (
         center, output.result, loop['frozen'], loop['frozen_at'], loop['passes'],
         tff.federated_value(this_pass, tff.SERVER), beta_sum_and_objective[0],
-        carry['alpha_sum']))
+        carry['alpha_sum'], nu))
     carry = dict(
         carry, inner=output.state, center=advanced['center'],
         inner_measurements=output.measurements,
