@@ -44,8 +44,18 @@ def _repr(attack) -> str:
   return f'{type(attack).__name__}({params})'
 
 
+class _WeightAttack(base.UpdateAttack):
+  """A weight attack's update: that of its `update_attack` (set as `self._updates`)."""
+
+  def malicious_rows(self, updates, weights, corrupted, rng):
+    return self._updates.malicious_rows(updates, weights, corrupted, rng)
+
+  def __repr__(self):
+    return _repr(self)
+
+
 @base.register('weight_inflation')
-class WeightInflation(base.UpdateAttack):
+class WeightInflation(_WeightAttack):
   """Every corrupted client reports `factor` × its true weight (its update that of
   `update_attack`)."""
 
@@ -55,19 +65,13 @@ class WeightInflation(base.UpdateAttack):
     self.update_attack, self.update_params, self._updates = _update_attack(
         update_attack, update_params)
 
-  def malicious_rows(self, updates, weights, corrupted, rng):
-    return self._updates.malicious_rows(updates, weights, corrupted, rng)
-
-  def __repr__(self):
-    return _repr(self)
-
   def reported_weights(self, weights, corrupted):
     weights = np.asarray(weights, np.float64)
     return np.where(np.asarray(corrupted, bool), self.factor * weights, weights)
 
 
 @base.register('adaptive_weight')
-class AdaptiveWeight(base.UpdateAttack):
+class AdaptiveWeight(_WeightAttack):
   """Every corrupted client reports the cap of a weight cap at `multiple` × the
   `quantile` of the clients' weights (the defence's defaults), computed as the
   defence does with every corrupted client claiming more than any honest one:
@@ -84,12 +88,6 @@ class AdaptiveWeight(base.UpdateAttack):
     self.multiple = base.positive('multiple', multiple)
     self.update_attack, self.update_params, self._updates = _update_attack(
         update_attack, update_params)
-
-  def malicious_rows(self, updates, weights, corrupted, rng):
-    return self._updates.malicious_rows(updates, weights, corrupted, rng)
-
-  def __repr__(self):
-    return _repr(self)
 
   def reported_weights(self, weights, corrupted):
     weights = np.asarray(weights, np.float64)
