@@ -8,6 +8,7 @@ the cap the defence computes when every corrupted client claims more than any ho
 one (then each weighs exactly the cap, and is not counted as capped).
 """
 
+import abc
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -45,7 +46,12 @@ def _repr(attack) -> str:
 
 
 class _WeightAttack(base.UpdateAttack):
-  """A weight attack's update: that of its `update_attack` (set as `self._updates`)."""
+  """A weight attack's update: that of its `update_attack` (set as `self._updates`).
+  Its subclasses say what weight the corrupted clients report."""
+
+  @abc.abstractmethod
+  def reported_weights(self, weights, corrupted):
+    """The weights every client reports (the honest clients' own)."""
 
   def malicious_rows(self, updates, weights, corrupted, rng):
     return self._updates.malicious_rows(updates, weights, corrupted, rng)
