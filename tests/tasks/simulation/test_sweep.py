@@ -335,7 +335,7 @@ class AggregatorRevisionTest(parameterized.TestCase):
 
   @parameterized.parameters(
       ('gm', {'GeometricMedianFactory': 4}),
-      ('one_step_gm', {'GeometricMedianFactory': 3}),  # The zero start: unchanged.
+      ('one_step_gm', {'GeometricMedianFactory': 4}),
       ('bucketing+gm', {'GatheredGeometricMedianFactory': 4}),
       ('arc+gm', {'GeometricMedianFactory': 4}),
       ('gamma_mean', {'GammaMeanFactory': 2}),
