@@ -177,10 +177,8 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
     weights), by the secure factory's histogram."""
     distances = distances_to(values, mean)
     unit = tf.math.divide_no_nan(tf.reduce_sum(alphas * distances), tf.reduce_sum(alphas))
-    bucket = robust_scale.half_weight_bucket(tf.reduce_sum(
-        robust_scale.client_radius_histogram(distances, unit, alphas), axis=0))
-    near = tf.where(robust_scale.radius_bucket(distances, unit) <= bucket, alphas,
-                    tf.zeros_like(alphas))
+    bucket, near = _median_bucket_and_mask(distances, unit, alphas, 0)
+    near = tf.where(near, alphas, tf.zeros_like(alphas))
     return (weighted_average(values, near), robust_scale.bucket_upper_edge(bucket, unit),
             near)
 
@@ -192,11 +190,9 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
     nu = self._floor(alphas, distances, values.dtype == tf.float64, count_zero)
     betas = weiszfeld_weights(alphas, distances, nu)
     if radius is not None:
-      buckets = robust_scale.radius_bucket(distances, radius)
-      median = robust_scale.half_weight_bucket(tf.reduce_sum(
-          robust_scale.client_radius_histogram(distances, radius, alphas), axis=0))
-      betas = tf.where(buckets <= median + robust_scale.NEAR_BUCKETS, betas,
-                       tf.zeros_like(betas))
+      _, near = _median_bucket_and_mask(distances, radius, alphas,
+                                        robust_scale.NEAR_BUCKETS)
+      betas = tf.where(near, betas, tf.zeros_like(betas))
     beta_sum = tf.reduce_sum(betas)
     objective = tf.reduce_sum(alphas * geometric_median.smoothed_norm(distances, nu))
     return (weighted_average(values, betas), beta_sum, objective,
@@ -256,6 +252,14 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
         nu=_vector(floors),
         **extra,
         max_effective_weight=tf.reduce_max(tf.stack(max_shares)))
+
+
+def _median_bucket_and_mask(distances, unit, alphas, extra_buckets: int):
+  """(the bucket of the α-weighted median of d / unit, the clients at most
+  `extra_buckets` above it), by the histogram the secure factory sums."""
+  bucket = robust_scale.half_weight_bucket(tf.reduce_sum(
+      robust_scale.client_radius_histogram(distances, unit, alphas), axis=0))
+  return bucket, robust_scale.radius_bucket(distances, unit) <= bucket + extra_buckets
 
 
 def _max_share(betas, beta_sum):
