@@ -41,6 +41,7 @@ from tasks.builders import task as task_lib
 from tasks.simulation import attacks
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import evaluation
+from tasks.simulation import pass_attacks
 from tasks.simulation import rounds
 
 Metrics = collections.OrderedDict
@@ -205,7 +206,8 @@ class Simulation:
                server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
                seed: int = 0,
                eval_max_examples: Optional[int] = None,
-               max_personal_eval_clients: Optional[int] = None):
+               max_personal_eval_clients: Optional[int] = None,
+               protocol: Optional[pass_attacks.Protocol] = None):
     """Builds the simulation (traces its TFF computations).
 
     Args:
@@ -226,6 +228,9 @@ class Simulation:
       eval_max_examples: Evaluate on the first this many clean test examples.
       max_personal_eval_clients: Give the variant's evaluation at most this many
         benign clients (a fixed random subset); None: all.
+      protocol: A protocol attack on an iterative aggregator and the bounds
+        (`tasks.simulation.pass_attacks.Protocol`; `rounds.Round`), its corrupted
+        clients drawn at `rho` as an update attack's are.
     """
     task_lib.check_task(task, 'the task of the simulation',
                         reserved_attack_names=attacks.known_attacks())
@@ -245,9 +250,11 @@ class Simulation:
     self._schedule = client_learning_rate
     self._client_ids = sorted(task.train_data.client_ids)
     self._clients_per_round = min(clients_per_round, len(self._client_ids))
+    attacked = attack != attacks.NO_ATTACK or (
+        protocol is not None and protocol.attack is not None)
     self.corrupted_clients = (
-        frozenset() if attack == attacks.NO_ATTACK else
-        attacks.select_corrupted_clients(task.client_weights, rho, seed))
+        attacks.select_corrupted_clients(task.client_weights, rho, seed) if attacked
+        else frozenset())
     self._client_work = client_work or client_work_lib.fedavg_client_work(task)
     # Built eagerly: building a Keras model switches Keras' model classes (their
     # `__bases__`, for every model) to the current mode's, and one built in a graph
@@ -259,7 +266,7 @@ class Simulation:
     self._round = rounds.Round(
         self._client_work, aggregator_factory,
         server_optimizer or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-        model_weights_type=weights_type)
+        model_weights_type=weights_type, protocol=protocol)
     self._aggregation = self._round.aggregation
     self._aggregate = self._round.aggregate
     self._loss = task.loss_fn()

@@ -1,31 +1,43 @@
-"""Corrupted clients inside an iterative secure aggregate: a client that sends
-different inputs in different passes (honest in pass 1, attacking in pass 3).
+"""Corrupted clients inside an iterative secure aggregate (protocol attacks).
 
 Every pass of an iterative aggregate (the GM's Weiszfeld passes, the γ-mean's
 iterations, secure centered clipping's, the weight cap's histogram pass) asks each
 client for fresh contributions computed from its update and its weight. An honest
-client computes them all from the same pair; a corrupted device may compute each
-pass's from another one. This module expresses that in the simulation without
-touching a factory: the aggregate runs pass by pass (the same `IterativeSteps`, driven
-by `tff_robust.iterative.iterative_steps.PassByPass`, the non-finite filter in every
-pass as deployed), and a `PassAttack` chooses every corrupted client's (update,
-weight) for each pass.
+client computes them all from the same pair; a corrupted device may send anything.
+This module expresses that in the simulation without touching a factory: the
+aggregate runs pass by pass (the same `IterativeSteps`, driven by
+`tff_robust.iterative.iterative_steps.PassByPass`, the non-finite filter in every
+pass as deployed), and
 
-What it does not express: contributions inconsistent *within* one pass (a β_i that is
-not α_i over the client's distance, a histogram entry that is not one-hot of α_i, a
-poisoned Σβ beside an honest β·w). Those need the per-pass client computations
-themselves replaced (see docs/aggregators.md, "Threat model").
+*   a `PassAttack` chooses every corrupted client's (update, weight) for each pass
+    (`late_switch`: honest in pass 1, attacking in pass 3);
+*   a `ContributionAttack` also replaces what a corrupted client contributes to the
+    aggregations of a pass (`tff_robust.iterative.contributions`): a β that is not
+    α over its distance, a histogram row that is not one-hot of α, a poisoned Σβ.
+
+`pass_by_pass(..., bounds=True)` applies every contribution's declared bound as a
+secure aggregation with input range checks would: a contribution outside it is
+refused (the client adds zero to that aggregation), and the refusals are counted in
+the measurement `REFUSED_MEASUREMENT`.
 """
 
 import abc
-from typing import Any, Callable, NamedTuple, Sequence
+import collections
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks.simulation.attacks import base
 from tff_robust.aggregators import nonfinite
+from tff_robust.aggregators import robust_scale
+from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_steps
+
+# Contributions refused by the bounds in one call (`pass_by_pass(bounds=True)`).
+REFUSED_MEASUREMENT = 'num_refused_contributions'
 
 PASS_ATTACKS: dict[str, type['PassAttack']] = {}
 
@@ -84,6 +96,214 @@ class LateSwitch(PassAttack):
     return rows, self.weight_factor * weights[corrupted]
 
 
+class ContributionAttack(LateSwitch):
+  """A corrupted client that sends the update of `update_attack` in every pass from
+  `from_pass` on (as `LateSwitch`) and replaces its contributions there: subclasses
+  define `sum_contribution` and `mean_contribution`, TensorFlow traced at a client
+  (the honest contribution and the client's α in, the one sent out)."""
+
+  def __init__(self, from_pass: int = 0, **kwargs):
+    super().__init__(from_pass=from_pass, **kwargs)
+
+  def tampers(self, pass_index: int, num_passes: int) -> bool:
+    return self._attacking(pass_index, num_passes)
+
+  def sum_contribution(self, name: str, contribution, alpha):
+    del name, alpha
+    return contribution
+
+  def mean_contribution(self, name: str, value, weight, alpha):
+    del name, alpha
+    return value, weight
+
+
+def _histogram_at(row, bucket: int, mass):
+  """`row`'s shape with `mass` in `bucket` (0 or -1) and zeros elsewhere."""
+  size = row.shape[-1]
+  index = bucket % size
+  return tf.cast(tf.one_hot(index, size, dtype=tf.float64) * mass, row.dtype)
+
+
+def _claimed_near(name: str, contribution, alpha, factor: float):
+  """The histogram contributions with the client's mass × `factor` in the lowest
+  bucket (as if at distance ~0; for the weight histogram, the lowest weight)."""
+  alpha = tf.cast(alpha, tf.float64)
+  if name == 'scale_statistics':
+    lowest, _ = robust_scale.buckets(contribution.shape[-1] != robust_scale.NUM_BUCKETS)
+    counts = _histogram_at(contribution[0], 0, alpha * factor)
+    return tf.stack([counts, counts * float(lowest)])
+  if name in ('radius_histogram', 'near_histogram'):
+    return _histogram_at(contribution, 0, alpha * factor)
+  if name == 'weight_histogram':
+    return _histogram_at(contribution, 0, tf.constant(factor, tf.float64))
+  return contribution
+
+
+@register('claim_near')
+class ClaimNear(ContributionAttack):
+  """Every histogram says "I am at the estimate" and every inner-mean weight is α ×
+  `factor` (an honest client's largest is α), whatever the distance of the update
+  sent. `factor=1` is what the bounds admit; more is refused by them."""
+
+  def __init__(self, factor: float = 1.0, **kwargs):
+    super().__init__(**kwargs)
+    self.factor = base.positive('factor', factor)
+
+  def sum_contribution(self, name, contribution, alpha):
+    return _claimed_near(name, contribution, alpha, self.factor)
+
+  def mean_contribution(self, name, value, weight, alpha):
+    return value, tf.cast(tf.cast(alpha, tf.float64) * self.factor, weight.dtype)
+
+
+@register('numerator_only')
+class NumeratorOnly(ContributionAttack):
+  """The inner mean gets (`scale` × update, α / `scale`): the weighted value α·w of
+  a weight-α client with almost no weight in the denominator. Admitted by the
+  bounds, which cannot bound an update's norm."""
+
+  def __init__(self, scale: float = 1e6, **kwargs):
+    super().__init__(**kwargs)
+    self.scale = base.positive('scale', scale)
+
+  def mean_contribution(self, name, value, weight, alpha):
+    scaled = tf.nest.map_structure(lambda x: x * tf.cast(self.scale, x.dtype), value)
+    return scaled, tf.cast(tf.cast(alpha, tf.float64) / self.scale, weight.dtype)
+
+
+@register('poisoned_sums')
+class PoisonedSums(ContributionAttack):
+  """Every scalar and histogram sum (Σβ, Σα, the histograms, the γ-mean's and the
+  clipping counts) gets `value` in every entry; the inner means stay honest."""
+
+  def __init__(self, value: float = -1e6, **kwargs):
+    super().__init__(**kwargs)
+    self.value = float(value)
+
+  def sum_contribution(self, name, contribution, alpha):
+    return tf.nest.map_structure(
+        lambda x: tf.cast(tf.fill(tf.shape(x), self.value), x.dtype)
+        if x.dtype.is_floating else tf.fill(tf.shape(x), tf.cast(
+            np.clip(self.value, -2**31, 2**31 - 1), x.dtype)), contribution)
+
+
+@register('nan_contributions')
+class NanContributions(ContributionAttack):
+  """NaN in every floating contribution (sums and inner means)."""
+
+  def sum_contribution(self, name, contribution, alpha):
+    return tf.nest.map_structure(_nan_like, contribution)
+
+  def mean_contribution(self, name, value, weight, alpha):
+    return tf.nest.map_structure(_nan_like, value), _nan_like(weight)
+
+
+def _nan_like(x):
+  return tf.fill(tf.shape(x), tf.cast(np.nan, x.dtype)) if x.dtype.is_floating else x
+
+
+class _Tampering:
+  """The interceptor of one pass: corrupted clients' contributions replaced by the
+  attack's, then (with `bounds`) each checked against its declared bound."""
+
+  def __init__(self, attack: Optional[ContributionAttack], bounds: bool,
+               corrupted, index: int, num_passes: int):
+    self._attack = attack if attack is not None and attack.tampers(
+        index, num_passes) else None
+    self._bounds = bounds
+    self._corrupted = corrupted
+    self._refused, self._outputs = [], None
+
+  def sum_of(self, name, values, alpha, bound, context):
+    return tff.federated_sum(self._sent(name, values, alpha, bound, context, None))
+
+  def max_of(self, name, values, alpha, bound, context):
+    return tff.federated_max(self._sent(name, values, alpha, bound, context, None))
+
+  def mean_of(self, name, process, state, value, weight, alpha, bound, context):
+    pair = self._sent(name, tff.federated_zip((value, weight)), alpha, bound,
+                      context, 'mean')
+    return process.next(state, pair[0], pair[1])
+
+  def outputs(self):
+    """After the pass: {'refused': the number of refused contributions} at SERVER."""
+    if self._refused and self._outputs is None:
+      self._outputs = collections.OrderedDict(refused=tff.federated_sum(
+          tff.federated_map(_sum_of_flags(len(self._refused)),
+                            tff.federated_zip(tuple(self._refused)))))
+    return self._outputs
+
+  def _sent(self, name, values, alpha, bound, context, kind):
+    if self._attack is None and not self._bounds:
+      return values
+    attack, bounds = self._attack, self._bounds
+    types = [values.type_signature.member, alpha.type_signature.member,
+             self._corrupted.type_signature.member]
+    arguments = [values, alpha, self._corrupted]
+    if context:
+      # TFF's computations take no varargs: the bound's context as one struct.
+      arguments.append(tff.federated_zip(tuple(context)))
+      types.append(arguments[-1].type_signature.member)
+
+    def send(contribution, client_alpha, corrupted, client_context=()):
+      if attack is not None:
+        if kind == 'mean':
+          tampered = attack.mean_contribution(name, contribution[0], contribution[1],
+                                              client_alpha)
+        else:
+          tampered = attack.sum_contribution(name, contribution, client_alpha)
+        honest = contribution
+        contribution = tf.cond(corrupted, lambda: tampered, lambda: honest)
+      refused = tf.constant(0, tf.int32)
+      if bounds:
+        admitted = bound.admits(contribution, client_alpha, *client_context)
+        kept = contribution
+        contribution = tf.cond(admitted, lambda: kept, lambda: tf.nest.map_structure(
+            tf.zeros_like, kept))
+        refused = tf.cast(tf.logical_not(admitted), tf.int32)
+      return contribution, refused
+
+    if context:
+      computation = tff.tensorflow.computation(
+          lambda c, a, f, x: send(c, a, f, tuple(x)), *types)
+    else:
+      computation = tff.tensorflow.computation(lambda c, a, f: send(c, a, f), *types)
+    sent = tff.federated_map(computation, tuple(arguments))
+    if bounds:
+      self._refused.append(sent[1])
+    return sent[0]
+
+
+def _sum_of_flags(count: int):
+  @tff.tensorflow.computation(tff.StructType([np.int32] * count))
+  def total(flags):
+    return tf.add_n(list(flags))
+  return total
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """A protocol attack on an iterative aggregate (`PASS_ATTACKS`; its corrupted
+  clients are the round's) and whether the secure aggregation refuses contributions
+  outside their declared bounds (`tasks.simulation.rounds.Round(protocol=...)`)."""
+  attack: Optional[PassAttack] = None
+  bounds: bool = False
+
+  def __post_init__(self):
+    if self.attack is not None and not isinstance(self.attack, PassAttack):
+      raise TypeError(f'attack must be a PassAttack, got {self.attack!r}.')
+
+
+def build_protocol(attack: Optional[str], params=None, bounds: bool = False) -> Protocol:
+  """The `Protocol` of a registered pass attack's name and arguments (None: honest
+  clients, only the bounds)."""
+  if attack is not None and attack not in PASS_ATTACKS:
+    raise ValueError(f'Unknown protocol attack {attack!r}; known: '
+                     f'{", ".join(sorted(PASS_ATTACKS))}.')
+  built = PASS_ATTACKS[attack](**dict(params or {})) if attack is not None else None
+  return Protocol(built, bool(bounds))
+
+
 class PassByPassAggregation(NamedTuple):
   """`initialize()` → the state; `aggregate(state, updates, weights, corrupted,
   attack=None, rng=None)` → `MeasuredProcessOutput`; `num_passes`: computations per
@@ -94,12 +314,20 @@ class PassByPassAggregation(NamedTuple):
 
 
 def pass_by_pass(factory: tff.aggregators.WeightedAggregationFactory, value_type,
-                 weight_type=tff.TensorType(np.float32)) -> PassByPassAggregation:
+                 weight_type=tff.TensorType(np.float32),
+                 contribution_attack: Optional[ContributionAttack] = None,
+                 bounds: bool = False) -> PassByPassAggregation:
   """`aggregate(state, updates, weights, corrupted, attack, rng)` → the
   `MeasuredProcessOutput` of the registry's `factory` (the non-finite filter around
   an `IterativeAggregationFactory`) run pass by pass, each pass's corrupted inputs
   chosen by `attack` (a `PassAttack`, or None: every pass honest, the factory's own
-  result). `updates` is `[n, d]` (the flattened `value_type`), `weights` `[n]`.
+  result; default `contribution_attack`). `updates` is `[n, d]` (the flattened
+  `value_type`), `weights` `[n]`.
+
+  `contribution_attack` replaces the corrupted clients' contributions in the passes
+  it tampers with; `bounds` refuses every contribution outside its declared bound
+  (and reports the count as `REFUSED_MEASUREMENT`). Either traces one computation
+  per pass, with the corrupted flags as a client argument.
 
   Raises:
     TypeError: for a factory that is not a filtered iterative aggregate.
@@ -109,30 +337,48 @@ def pass_by_pass(factory: tff.aggregators.WeightedAggregationFactory, value_type
     raise TypeError('pass_by_pass takes the registry form of an iterative aggregate '
                     '(NonfiniteFilteringFactory around an IterativeAggregationFactory), '
                     f'got {factory!r}.')
+  if contribution_attack is not None and not isinstance(contribution_attack,
+                                                       ContributionAttack):
+    raise TypeError('contribution_attack must be a ContributionAttack, got '
+                    f'{contribution_attack!r}.')
+  simulated = contribution_attack is not None or bounds
+  interceptor_for = None
+  if simulated:
+    interceptor_for = lambda index, count, flags: _Tampering(  # pylint: disable=g-long-lambda
+        contribution_attack, bounds, flags, index, count)
   passes = iterative_steps.PassByPass(
       factory.inner.steps(value_type), weight_type,
-      nonfinite.client_filter(value_type, weight_type))
+      nonfinite.client_filter(value_type, weight_type),
+      flags_type=tff.TensorType(np.bool_) if simulated else None,
+      interceptor_for=interceptor_for)
   shapes = [tuple(leaf.shape) for leaf in _leaf_types(value_type)]
+  single_tensor = isinstance(value_type, tff.TensorType)
 
   def aggregate(state, updates, weights, corrupted, attack=None, rng=None):
     updates = np.asarray(updates, np.float64)
     weights = np.asarray(weights, np.float64)
     corrupted = np.asarray(corrupted, bool)
     rng = rng if rng is not None else np.random.default_rng()
-    server, count = state, None
+    attack = attack if attack is not None else contribution_attack
+    flags = ([[np.bool_(c) for c in corrupted]] if simulated else [])
+    server, count, refused = state, None, 0
     num_passes = len(passes.computations)
     for index, computation in enumerate(passes.computations):
       rows, alphas = updates.copy(), weights.copy()
       if attack is not None and corrupted.any():
         rows[corrupted], alphas[corrupted] = attack.pass_inputs(
             index, num_passes, updates, weights, corrupted, rng)
-      output = computation(server, [_structure(r, shapes) for r in rows],
-                           [np.float32(a) for a in alphas])
+      output = computation(server, [_structure(r, shapes, single_tensor) for r in rows],
+                           [np.float32(a) for a in alphas], *flags)
       if count is None:
         count = output.get('count')
+      if 'intercepted' in output:
+        refused += int(output['intercepted']['refused'])
       server = output.get('carry')
     measurements = dict(output['measurements'])
     measurements[nonfinite.MEASUREMENT] = np.int32(count)
+    if bounds:
+      measurements[REFUSED_MEASUREMENT] = np.int32(refused)
     return tff.templates.MeasuredProcessOutput(output['state'], output['result'],
                                                measurements)
 
@@ -146,11 +392,11 @@ def _leaf_types(value_type) -> list:
           for leaf in _leaf_types(element)]
 
 
-def _structure(row: np.ndarray, shapes: Sequence[tuple]) -> Any:
+def _structure(row: np.ndarray, shapes: Sequence[tuple], single_tensor: bool) -> Any:
   """A flat row as the value (one tensor, or a list of tensors in type order)."""
   pieces, start = [], 0
   for shape in shapes:
     size = int(np.prod(shape, dtype=np.int64))
     pieces.append(row[start:start + size].reshape(shape).astype(np.float32))
     start += size
-  return pieces[0] if len(pieces) == 1 else pieces
+  return pieces[0] if single_tensor else pieces

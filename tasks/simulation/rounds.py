@@ -68,6 +68,7 @@ from tasks.simulation import attacks
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import gathered
 from tasks.simulation import in_process as in_process_lib
+from tasks.simulation import pass_attacks
 from tff_robust.common import numerics
 
 State = collections.OrderedDict
@@ -171,7 +172,8 @@ class Round:
                server_update: Union[tff.learning.templates.FinalizerProcess,
                                     tff.learning.optimizers.Optimizer, None] = None,
                *, model_weights_type: Optional[tff.Type] = None,
-               in_process: bool = True):
+               in_process: bool = True,
+               protocol: Optional[pass_attacks.Protocol] = None):
     """Args:
       client_work: A `tff.learning.templates.ClientWorkProcess` (e.g.
         `tff.learning.templates.build_model_delta_client_work(model_fn, optimizer,
@@ -195,6 +197,10 @@ class Round:
         (`tff.learning.models.weights_type_from_model(model_fn)`); default the
         client work process's. Needed with a variant of
         `tasks.simulation.client_work` other than `ProcessClientWork`.
+      protocol: A `tasks.simulation.pass_attacks.Protocol`: the aggregator (an
+        iterative aggregate of the registry) runs pass by pass, the corrupted
+        clients of each round playing the protocol attack in every pass, the
+        contributions' bounds applied if the protocol says so.
     """
     if isinstance(client_work, tff.learning.templates.ClientWorkProcess):
       client_work = client_work_lib.ProcessClientWork(client_work)
@@ -240,6 +246,15 @@ class Round:
     self.server_update = server_update
     self._server_next = ((in_process and in_process_lib.process_next(server_update))
                          or server_update.next)
+    self._protocol, self._passes = protocol, None
+    if protocol is not None:
+      if self._factory is None or not self._weighted:
+        raise TypeError('A protocol needs a weighted aggregation factory.')
+      self._passes = pass_attacks.pass_by_pass(
+          self._factory, model_weights_type.trainable,
+          contribution_attack=(protocol.attack if isinstance(
+              protocol.attack, pass_attacks.ContributionAttack) else None),
+          bounds=protocol.bounds)
 
   def initialize(self, initial_model_weights: tff.learning.models.ModelWeights
                  ) -> State:
@@ -334,7 +349,11 @@ class Round:
       reported = np.asarray(reported, np.float32)
     self._check_num_clients(client_ids, updates, reported, corrupted, attack)
     sent = list(updates) if keep_updates else updates
-    if self._weighted:
+    if self._passes is not None:
+      aggregate = self._passes.aggregate(
+          state['aggregator'], _flattened(updates), reported, corrupted,
+          self._protocol.attack, rng)
+    elif self._weighted:
       aggregate = self.aggregate(state['aggregator'], updates,
                                  [np.float32(w) for w in reported])
     else:
@@ -378,6 +397,13 @@ class Round:
           f'only {sum(usable)} of {len(updates)} clients sent a finite update of '
           f'weight > 0. {_why_unusable(client_ids, unusable, corrupted, attack)} '
           f'{str(e).split(";")[0]}.') from e
+
+
+def _flattened(updates) -> np.ndarray:
+  """`[n, d]` float64: every client's update as one row."""
+  return np.stack([np.concatenate([np.ravel(np.asarray(part, np.float64))
+                                   for part in tf.nest.flatten(update)])
+                   for update in updates])
 
 
 def attack_name(attack: attacks.UpdateAttack) -> str:

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_robust.common import arguments
+from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_steps
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
@@ -214,6 +215,12 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
       return tf.math.divide_no_nan(tf.cast(num_clipped, tf.float32),
                                    tf.cast(num_clients, tf.float32))
 
+    # An honest client's step has norm ≤ τ and its weight is α; its update is
+    # unbounded in the mean start's pass.
+    self._mean_bound = contributions.pair(contributions.UNBOUNDED,
+                                          contributions.EQUAL_TO_ALPHA)
+    self._step_bound = contributions.pair(contributions.norm_at_most(radius),
+                                          contributions.EQUAL_TO_ALPHA)
     self._zeros = zeros
     self._clip_step, self._clip_flags = clip_step, clip_flags
     self._advance, self._fraction = advance, fraction
@@ -241,7 +248,8 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
     return passes + [iterative_steps.Pass('last_iteration', self._last_iteration)]
 
   def _start_at_mean(self, carry, value, alpha):
-    output = self._inner.next(carry['inner'], value, alpha)
+    output = contributions.mean_of('mean', self._inner, carry['inner'], value, alpha,
+                                   alpha, self._mean_bound)
     return {'inner': output.state, 'center': output.result}
 
   def _iterate(self, carry, value, alpha, count_clipped=False):
@@ -251,14 +259,16 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
     # Two maps, not one returning (step, flags): selecting the step out of a struct at
     # CLIENTS would copy every client's update once more.
     step = tff.federated_map(self._clip_step, (broadcast, value))
-    output = self._inner.next(carry['inner'], step, alpha)
+    output = contributions.mean_of('clipped_difference', self._inner, carry['inner'],
+                                   step, alpha, alpha, self._step_bound)
     center = tff.federated_map(self._advance, (carry['center'], output.result))
     carry = dict(carry, inner=output.state, center=center,
                  inner_measurements=output.measurements)
     if count_clipped:
       # (clipped clients, clients of weight > 0) at this centre.
-      carry['counts'] = tff.federated_sum(tff.federated_map(
-          self._clip_flags, (broadcast, value, alpha)))
+      carry['counts'] = contributions.sum_of(
+          'clip_counts', tff.federated_map(self._clip_flags, (broadcast, value, alpha)),
+          alpha, contributions.FLAG)
     return carry
 
   def _last_iteration(self, carry, value, alpha):

@@ -16,6 +16,7 @@ import tensorflow_federated as tff
 
 from tff_robust.common import arguments
 from tff_robust.aggregators import geometric_median
+from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_steps
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
@@ -42,6 +43,18 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 # deployment sums them as it sums the weights).
 _ITERATION_SUMS = ('weight', 'weighted_distance', 'capped', 'alpha', 'alpha_distance')
 _START_SUMS = ('moment', 'alpha')
+# What an honest client contributes (`contributions`): its γ-weight in [0, α] (α in
+# the mean pass), the sums of `_START_SUMS` and `_ITERATION_SUMS` in the order
+# written there; the value (and the diagonal variant's squares) and the distances
+# are unbounded above.
+_MEAN_BOUND = contributions.pair(contributions.UNBOUNDED, contributions.EQUAL_TO_ALPHA)
+_ITERATION_WEIGHT_BOUND = contributions.pair(contributions.UNBOUNDED,
+                                             contributions.AT_MOST_ALPHA)
+_START_BOUND = contributions.fields(contributions.NONNEGATIVE,
+                                    contributions.EQUAL_TO_ALPHA)
+_ITERATION_BOUND = contributions.fields(
+    contributions.AT_MOST_ALPHA, contributions.NONNEGATIVE, contributions.FLAG,
+    contributions.EQUAL_TO_ALPHA, contributions.NONNEGATIVE)
 
 
 def _scalars_type(names):
@@ -551,8 +564,9 @@ class GammaSteps(iterative_steps.IterativeSteps):
     """μ₀ = the α-weighted mean (one inner call) and, from the same round, the
     uncentred Σ α_i‖x_i‖² behind the first covariance."""
     step = tff.federated_map(self._start_client, (value, alpha))
-    output = self._inner.next(carry['inner'], step[0], step[1])
-    sums = tff.federated_sum(step[2])
+    output = contributions.mean_of('mean', self._inner, carry['inner'], step[0],
+                                   step[1], alpha, _MEAN_BOUND)
+    sums = contributions.sum_of('start_sums', step[2], alpha, _START_BOUND)
     estimate = tff.federated_map(self._mean_estimate, (output.result, sums))
     return {'inner': output.state, 'estimate': estimate,
             'inner_measurements': output.measurements, 'flags': []}
@@ -563,8 +577,9 @@ class GammaSteps(iterative_steps.IterativeSteps):
     start = self._initial_point.finish(carry['initial_point'])
     moments = tff.federated_map(
         self._centered_moment, (tff.federated_broadcast(start.result), value, alpha))
-    estimate = tff.federated_map(self._centered_estimate,
-                                 (start.result, tff.federated_sum(moments)))
+    estimate = tff.federated_map(self._centered_estimate, (
+        start.result, contributions.sum_of('centered_moments', moments, alpha,
+                                           _START_BOUND)))
     return {'inner': carry['inner'], 'estimate': estimate,
             'initial_point_state': start.state,
             'initial_point_measurements': start.measurements, 'flags': []}
@@ -577,9 +592,11 @@ class GammaSteps(iterative_steps.IterativeSteps):
     estimate = carry['estimate']
     step = tff.federated_map(
         self._client_step, (tff.federated_broadcast(estimate), value, alpha))
-    output = self._inner.next(carry['inner'], step[0], step[1])
-    advanced = tff.federated_map(
-        self._advance, (estimate, output.result, tff.federated_sum(step[2])))
+    output = contributions.mean_of('gamma_mean', self._inner, carry['inner'], step[0],
+                                   step[1], alpha, _ITERATION_WEIGHT_BOUND)
+    advanced = tff.federated_map(self._advance, (
+        estimate, output.result,
+        contributions.sum_of('iteration_sums', step[2], alpha, _ITERATION_BOUND)))
     return dict(carry, inner=output.state, estimate=advanced[0],
                 inner_measurements=output.measurements,
                 flags=carry['flags'] + [advanced[1]])

@@ -15,6 +15,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_robust.common import arguments
+from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_steps
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
@@ -471,6 +472,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     def floor_from_statistics(statistics):
       return robust_scale.relative_floor(statistics, relative_nu)
 
+    self._statistics_bound = robust_scale.statistics_bound(float64)
     self._scale_statistics_from_norm = statistics_from_norm
     self._scale_statistics = statistics_from_distance
     self._floor_from_statistics = floor_from_statistics
@@ -532,14 +534,17 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
           (tff.federated_broadcast(carry['center']), value, alpha))
     else:
       statistics = tff.federated_map(self._scale_statistics_from_norm, (value, alpha))
-    nu = tff.federated_map(self._floor_from_statistics, tff.federated_sum(statistics))
+    nu = tff.federated_map(self._floor_from_statistics, contributions.sum_of(
+        'scale_statistics', statistics, alpha, self._statistics_bound))
     return dict(carry, nu=nu)
 
   def _first_pass(self, carry, value, alpha):
     """Pass 1: a Weiszfeld step from zero or the previous aggregate, or the mean."""
     if self._start in ('mean', 'trimmed'):
       nu, beta = None, tff.federated_map(_as_beta, alpha)
+      weight_bound = contributions.EQUAL_TO_ALPHA
     else:
+      weight_bound = contributions.AT_MOST_ALPHA
       nu = self._nu(carry)
       if self._start == 'previous':
         beta = tff.federated_map(self._weight_from_distance, (
@@ -548,32 +553,38 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
       else:
         beta = tff.federated_map(self._weight_from_norm,
                                  (value, alpha, tff.federated_broadcast(nu)))
-    output = self._inner.next(carry['inner'], value, beta)
+    output = contributions.mean_of(
+        'first_mean', self._inner, carry['inner'], value, beta, alpha,
+        contributions.pair(contributions.UNBOUNDED, weight_bound))
     carry = dict(carry, inner=output.state, center=output.result,
                  inner_measurements=output.measurements,
                  loop=tff.federated_eval(self._not_frozen, tff.SERVER),
                  floors=[] if nu is None else [nu], objectives=[],
                  relative_gradients=[], max_weights=[])
     if self._report_max_weight:
-      carry['max_weights'] = [_max_effective_weight(beta, tff.federated_sum(beta))]
+      carry['max_weights'] = [_max_effective_weight(
+          beta, alpha, contributions.sum_of('first_beta_sum', beta, alpha, weight_bound))]
     if self._num_passes > 1:
-      carry['alpha_sum'] = tff.federated_sum(alpha)
+      carry['alpha_sum'] = contributions.sum_of('alpha_sum', alpha, alpha,
+                                                contributions.EQUAL_TO_ALPHA)
     return carry
 
   def _spread_pass(self, carry, value, alpha):
     """The trimmed start's unit: the α-weighted mean distance D̄ to the mean, from
     one federated sum of client scalars."""
-    distance_sum = tff.federated_sum(tff.federated_map(
-        self._weighted_distance, (tff.federated_broadcast(carry['center']), value, alpha)))
+    distance_sum = contributions.sum_of('distance_sum', tff.federated_map(
+        self._weighted_distance, (tff.federated_broadcast(carry['center']), value, alpha)),
+        alpha, contributions.NONNEGATIVE)
     return dict(carry, trim_unit=tff.federated_map(
         self._mean_distance, (distance_sum, carry['alpha_sum'])))
 
   def _radius_pass(self, carry, value, alpha):
     """The trimmed start's radius: the bucket of the α-weighted median of d / D̄, from
     one federated sum of the clients' histograms."""
-    histogram = tff.federated_sum(tff.federated_map(self._radius_histogram, (
-        tff.federated_broadcast(carry['center']), value, alpha,
-        tff.federated_broadcast(carry['trim_unit']))))
+    histogram = contributions.sum_of('radius_histogram', tff.federated_map(
+        self._radius_histogram, (tff.federated_broadcast(carry['center']), value, alpha,
+                                 tff.federated_broadcast(carry['trim_unit']))),
+        alpha, _HISTOGRAM_BOUND)
     return dict(carry, trim_bucket=tff.federated_map(self._median_bucket, histogram))
 
   def _near_pass(self, carry, value, alpha):
@@ -581,9 +592,10 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     α-weighted median distance to the trimmed mean (in units of pass 2's radius)."""
     if self._relative:
       carry = self._floor(carry, value, alpha)
-    histogram = tff.federated_sum(tff.federated_map(self._radius_histogram, (
-        tff.federated_broadcast(carry['center']), value, alpha,
-        tff.federated_broadcast(carry['trim_radius']))))
+    histogram = contributions.sum_of('near_histogram', tff.federated_map(
+        self._radius_histogram, (tff.federated_broadcast(carry['center']), value, alpha,
+                                 tff.federated_broadcast(carry['trim_radius']))),
+        alpha, _HISTOGRAM_BOUND)
     return dict(carry, near_bucket=tff.federated_map(self._median_bucket, histogram))
 
   def _trim_pass(self, carry, value, alpha):
@@ -593,14 +605,16 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     beta = tff.federated_map(self._trimmed_weight, (
         tff.federated_broadcast(carry['center']), value, alpha,
         tff.federated_broadcast(unit), tff.federated_broadcast(bucket)))
-    output = self._inner.next(carry['inner'], value, beta)
+    output = contributions.mean_of('trimmed_mean', self._inner, carry['inner'], value,
+                                   beta, alpha, _TRIMMED_BOUND)
     carry = dict(carry, inner=output.state, center=output.result,
                  inner_measurements=output.measurements,
                  trim_radius=tff.federated_map(self._radius, (bucket, unit)),
                  loop=tff.federated_eval(self._trim_applied, tff.SERVER))
     if self._report_max_weight:
-      carry['max_weights'] = carry['max_weights'] + [
-          _max_effective_weight(beta, tff.federated_sum(beta))]
+      carry['max_weights'] = carry['max_weights'] + [_max_effective_weight(
+          beta, alpha, contributions.sum_of('trimmed_beta_sum', beta, alpha,
+                                            contributions.ZERO_OR_ALPHA))]
     return carry
 
   def _weiszfeld_pass(self, carry, value, alpha, restricted=False):
@@ -621,8 +635,10 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
       beta_and_term = tff.federated_map(self._weiszfeld_weight, arguments_)
     beta = beta_and_term[0]
     # One sum of the pair gives Σβ and g_ν(center) (fewer per-client operations).
-    beta_sum_and_objective = tff.federated_sum(beta_and_term)
-    output = self._inner.next(carry['inner'], value, beta)
+    beta_sum_and_objective = contributions.sum_of(
+        'beta_and_objective', beta_and_term, alpha, _BETA_AND_OBJECTIVE_BOUND)
+    output = contributions.mean_of('weiszfeld', self._inner, carry['inner'], value,
+                                   beta, alpha, _WEISZFELD_BOUND)
     advanced = tff.federated_map(self._advance, (
         center, output.result, loop['frozen'], loop['frozen_at'], loop['passes'],
         tff.federated_value(this_pass, tff.SERVER), beta_sum_and_objective[0],
@@ -639,16 +655,17 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
             advanced['relative_gradient']])
     if self._report_max_weight:
       carry['max_weights'] = carry['max_weights'] + [
-          _max_effective_weight(beta, beta_sum_and_objective[0])]
+          _max_effective_weight(beta, alpha, beta_sum_and_objective[0])]
     return carry
 
   def _objective_pass(self, carry, value, alpha):
     """g_ν of the final estimate, with the floor of the last step (the mean start's
     single pass: the floor a step from its estimate would use)."""
     nu = self._nu(carry)
-    objective = tff.federated_sum(tff.federated_map(self._objective_term, (
-        tff.federated_broadcast(carry['center']), value, alpha,
-        tff.federated_broadcast(nu))))
+    objective = contributions.sum_of('objective', tff.federated_map(
+        self._objective_term, (tff.federated_broadcast(carry['center']), value, alpha,
+                               tff.federated_broadcast(nu))),
+        alpha, contributions.NONNEGATIVE)
     return dict(carry, objectives=carry['objectives'] + [objective])
 
   def finish(self, carry):
@@ -674,6 +691,18 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     return tff.templates.MeasuredProcessOutput(
         state=state, result=carry['center'],
         measurements=tff.federated_zip(measurements))
+
+
+# What an honest client contributes to each aggregation (`contributions`): β_i is in
+# [0, α_i] (it carries ν), α_i itself in the mean start's pass, 0 or α_i in the trimmed
+# mean's; the update, the distances behind the objective and the weighted distance
+# are unbounded above (nothing here bounds a client's distance).
+_WEISZFELD_BOUND = contributions.pair(contributions.UNBOUNDED,
+                                      contributions.AT_MOST_ALPHA)
+_TRIMMED_BOUND = contributions.pair(contributions.UNBOUNDED, contributions.ZERO_OR_ALPHA)
+_HISTOGRAM_BOUND = contributions.one_hot('alpha')
+_BETA_AND_OBJECTIVE_BOUND = contributions.fields(contributions.AT_MOST_ALPHA,
+                                                 contributions.NONNEGATIVE)
 
 
 def _unfrozen_loop(passes_applied: int):
@@ -704,9 +733,10 @@ def _effective_weight(max_weight, weight_sum):
   return tf.cast(tf.math.divide_no_nan(max_weight, weight_sum), tf.float32)
 
 
-def _max_effective_weight(weights, weight_sum):
+def _max_effective_weight(weights, alpha, weight_sum):
   """max_i β_i / Σβ of one pass at SERVER (float32)."""
-  return tff.federated_map(_effective_weight, (tff.federated_max(weights), weight_sum))
+  return tff.federated_map(_effective_weight, (contributions.max_of(
+      'max_beta', weights, alpha, contributions.AT_MOST_ALPHA), weight_sum))
 
 
 def one_step_geometric_median_factory(

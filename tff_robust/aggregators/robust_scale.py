@@ -58,6 +58,8 @@ still lands in its own bucket.
 import numpy as np
 import tensorflow as tf
 
+from tff_robust.iterative import contributions
+
 # Buckets ⌊log2 d⌋ in [LOWEST_EXPONENT, LOWEST_EXPONENT + NUM_BUCKETS); distances of
 # float32 models lie in [2^-149, 2^150), outside it they go to the edge buckets.
 LOWEST_EXPONENT = -160
@@ -106,6 +108,32 @@ def client_statistics(distance, weight, float64: bool = False,
   one_hot = tf.one_hot(bucket, num_buckets, dtype=tf.float64)
   one_hot = one_hot * tf.expand_dims(tf.where(counted, weight, 0.0), -1)
   return tf.stack([one_hot, one_hot * tf.expand_dims(log_distance, -1)])
+
+
+def statistics_bound(float64: bool = False) -> contributions.Bound:
+  """What an honest client's `client_statistics` can be: zeros, or α in one bucket b
+  of row 0 and, in the same bucket of row 1, α·log2(d) with ⌊log2 d⌋ in bucket b (any
+  log-distance in the edge buckets)."""
+  lowest, num_buckets = buckets(float64)
+
+  def admits(statistics, alpha, *context):
+    statistics = tf.cast(statistics, tf.float64)
+    counts, log_sums = statistics[0], statistics[1]
+    alpha = tf.cast(alpha, tf.float64)
+    counted = tf.not_equal(counts, 0)
+    log_distance = tf.math.divide_no_nan(log_sums, alpha)
+    edges = tf.cast(tf.range(num_buckets) + lowest, tf.float64)
+    low = tf.where(tf.range(num_buckets) == 0, tf.constant(-np.inf, tf.float64), edges)
+    high = tf.where(tf.range(num_buckets) == num_buckets - 1,
+                    tf.constant(np.inf, tf.float64), edges + 1)
+    # A margin for the rounding of α·log2(d) / α at a bucket's edge.
+    in_bucket = tf.logical_and(log_distance >= low - 1e-6, log_distance < high + 1e-6)
+    return tf.reduce_all([
+        contributions.one_hot('alpha').admits(counts, alpha),
+        tf.reduce_all(tf.math.is_finite(log_sums)),
+        tf.reduce_all(tf.where(counted, in_bucket, tf.equal(log_sums, 0)))])
+
+  return contributions.Bound('one-hot of α and α·log2 d in its bucket', admits)
 
 
 def scale_from_statistics(statistics):

@@ -26,6 +26,7 @@ import tensorflow_federated as tff
 
 from tff_robust.aggregators import nonfinite
 from tff_robust.common import arguments
+from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_mean
 from tff_robust.iterative import iterative_steps
 
@@ -202,7 +203,9 @@ class _CappedSteps(iterative_steps.IterativeSteps):
 
   def _cap_pass(self, carry, value, alpha):
     del value
-    histogram = tff.federated_sum(tff.federated_map(_histogram, alpha))
+    # An honest client's histogram row is one-hot of 1, its flag 0 or 1.
+    histogram = contributions.sum_of('weight_histogram', tff.federated_map(
+        _histogram, alpha), alpha, contributions.one_hot('one'))
     return dict(carry, cap=tff.federated_map(self._cap, histogram))
 
   def _with_capped_weights(self, step, counting: bool):
@@ -212,8 +215,9 @@ class _CappedSteps(iterative_steps.IterativeSteps):
       carry = dict(carry, inner=step.run(carry['inner'], value, capped))
       if counting:
         # Independent of the inner pass's aggregations: the same round.
-        carry['num_capped'] = tff.federated_sum(
-            tff.federated_map(_is_capped, (alpha, cap_at_clients)))
+        carry['num_capped'] = contributions.sum_of(
+            'num_capped', tff.federated_map(_is_capped, (alpha, cap_at_clients)),
+            alpha, contributions.FLAG)
       return carry
 
     # The first pass also counts: its own computation pass by pass.

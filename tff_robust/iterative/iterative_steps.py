@@ -26,10 +26,13 @@ aggregate derives from `IterativeAggregationFactory` and defines `steps(value_ty
 
 import abc
 import collections
+import contextlib
+import functools
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import tensorflow_federated as tff
 
+from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import unit_weights
 
@@ -124,7 +127,9 @@ class PassByPass:
   """
 
   def __init__(self, steps: IterativeSteps, weight_type,
-               client_step: Optional[Callable] = None):
+               client_step: Optional[Callable] = None,
+               flags_type: Optional[tff.Type] = None,
+               interceptor_for: Optional[Callable] = None):
     """Builds the computations.
 
     Args:
@@ -135,7 +140,15 @@ class PassByPass:
         `tff_robust.aggregators.nonfinite.client_filter`); default: the weights as float32. A
         deployment's client keeps its update between passes, so every pass sees the
         same verdict; the first pass's count is reported.
+      flags_type, interceptor_for: for a simulation of the clients' contributions
+        (`tff_robust.iterative.contributions`): every computation takes a fourth
+        argument, one value of `flags_type` per client, and pass `index` of `n` is
+        traced under `contributions.intercepted(interceptor_for(index, n, flags))`.
+        What the interceptor's `outputs()` returns (SERVER values) comes back
+        under the output's 'intercepted'. Each pass is then its own computation.
     """
+    if (flags_type is None) != (interceptor_for is None):
+      raise ValueError('Pass flags_type and interceptor_for together.')
     if client_step is None:
       client_step = lambda value, weight: (  # pylint: disable=g-long-lambda
           value, iterative_mean.float32_weights(weight_type, weight), None)
@@ -144,6 +157,8 @@ class PassByPass:
     self._initialize = _initialize(steps)
     clients = (tff.FederatedType(steps.value_type, tff.CLIENTS),
                tff.FederatedType(weight_type, tff.CLIENTS))
+    if flags_type is not None:
+      clients += (tff.FederatedType(flags_type, tff.CLIENTS),)
     passes = list(steps.passes())
     if not passes:
       raise ValueError('An iterative aggregate needs at least one pass.')
@@ -153,9 +168,14 @@ class PassByPass:
     for index, step in enumerate(passes):
       last = index == len(passes) - 1
       key = (step.name, last, repr(template), str(server_type))
+      if interceptor_for is not None:
+        key += (index,)
       if key not in built:
+        intercept = None
+        if interceptor_for is not None:
+          intercept = functools.partial(interceptor_for, index, len(passes))
         built[key] = _pass_computation(steps, step, server_type, template, last,
-                                       clients, client_step)
+                                       clients, client_step, intercept)
       computation, template = built[key]
       self.computations.append(computation)
       if not last:
@@ -164,10 +184,10 @@ class PassByPass:
   def initialize(self):
     return self._initialize()
 
-  def next(self, state, values, weights):
+  def next(self, state, values, weights, *flags):
     server, count = state, None
     for computation in self.computations:
-      output = computation(server, values, weights)
+      output = computation(server, values, weights, *flags)
       if count is None:
         count = output.get('count')
       server = output.get('carry')
@@ -185,18 +205,23 @@ def _initialize(steps: IterativeSteps) -> tff.Computation:
   return init_fn
 
 
-def _pass_computation(steps, step, server_type, template, last, clients, client_step):
+def _pass_computation(steps, step, server_type, template, last, clients, client_step,
+                      intercept=None):
   """(computation, template of the carry it returns) of `step`: from the state
   (`template` None) or a flattened carry, to the next flattened carry or, if `last`,
-  the output."""
+  the output; with `intercept`, `PassByPass`'s simulation of the contributions."""
   traced = {}
 
-  @tff.federated_computation(server_type, *clients)
-  def run_pass(server, value, weight):
+  def run_pass(server, value, weight, flags):
     value, alpha, count = client_step(value, weight)
     carry = steps.start(server) if template is None else _unflatten(server, template)
-    carry = step.run(carry, value, alpha)
+    interceptor = intercept(flags) if intercept is not None else None
+    with (contributions.intercepted(interceptor) if interceptor is not None
+          else contextlib.nullcontext()):
+      carry = step.run(carry, value, alpha)
     result = collections.OrderedDict()
+    if interceptor is not None and interceptor.outputs():
+      result['intercepted'] = tff.federated_zip(interceptor.outputs())
     if last:
       output = steps.finish(carry)
       result.update(state=output.state, result=output.result,
@@ -209,7 +234,13 @@ def _pass_computation(steps, step, server_type, template, last, clients, client_
       result['count'] = count
     return result
 
-  return run_pass, traced.get('template')
+  if intercept is None:
+    computation = tff.federated_computation(
+        lambda server, value, weight: run_pass(server, value, weight, None),
+        server_type, *clients)
+  else:
+    computation = tff.federated_computation(run_pass, server_type, *clients)
+  return computation, traced.get('template')
 
 
 def _flatten(carry):

@@ -1,5 +1,7 @@
 """Corrupted clients that send different inputs in different passes of an iterative
-secure aggregate, run pass by pass in the simulation (`tasks.simulation.pass_attacks`)."""
+secure aggregate, or replace their contributions inside a pass, run pass by pass in
+the simulation (`tasks.simulation.pass_attacks`), with and without the declared
+bounds."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -28,6 +30,18 @@ def _built(name, capped):
                                             weight_cap={} if capped else None)
     _BUILT[key] = (factory.create(VALUE_TYPE, WEIGHT_TYPE),
                    pass_attacks.pass_by_pass(factory, VALUE_TYPE))
+  return _BUILT[key]
+
+
+def _bounded(name, capped, attack, bounds=True, **params):
+  key = (name, capped, attack, bounds, tuple(sorted(params.items())))
+  if key not in _BUILT:
+    factory = registry.aggregator_from_name(name, weight_cap={} if capped else None)
+    contribution_attack = (pass_attacks.PASS_ATTACKS[attack](**params)
+                           if attack else None)
+    _BUILT[key] = pass_attacks.pass_by_pass(factory, VALUE_TYPE,
+                                            contribution_attack=contribution_attack,
+                                            bounds=bounds)
   return _BUILT[key]
 
 
@@ -93,6 +107,61 @@ class PassByPassTest(parameterized.TestCase):
     honest_mean = x[~CORRUPTED].mean(axis=0)
     self.assertGreater(np.linalg.norm(result - honest_mean),
                        5 * np.linalg.norm(honest_mean))
+
+  @parameterized.product(name=ITERATIVE, capped=(False, True), shift=(0.0, 1e3))
+  def test_the_bounds_admit_every_honest_contribution(self, name, capped, shift):
+    process, _ = _built(name, capped)
+    x, weights = _inputs()
+    x = x + shift
+    weights[0] *= 50.0  # a client far above the cap
+    expected, _ = _fused(process, x, weights)
+    actual, output = _by_pass(_bounded(name, capped, None), x, weights, None)
+    self.assertEqual(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
+    np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6 * (1 + shift))
+
+  @parameterized.product(name=ITERATIVE, capped=(False, True))
+  def test_bounded_nan_contributions_are_a_client_that_sent_nothing(self, name,
+                                                                    capped):
+    process, _ = _built(name, capped)
+    x, weights = _inputs()
+    dropped = weights.copy()
+    dropped[CORRUPTED] = 0.0
+    expected, _ = _fused(process, x, dropped)
+    actual, output = _by_pass(_bounded(name, capped, 'nan_contributions'), x, weights,
+                              None)
+    self.assertGreater(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+  @parameterized.parameters(*ITERATIVE)
+  def test_without_the_bounds_one_nan_contribution_poisons_the_aggregate(self, name):
+    x, weights = _inputs()
+    actual, _ = _by_pass(_bounded(name, False, 'nan_contributions', bounds=False), x,
+                         weights, None)
+    self.assertFalse(np.all(np.isfinite(actual)))
+
+  @parameterized.parameters(*ITERATIVE)
+  def test_the_bounds_refuse_claims_beyond_an_honest_clients(self, name):
+    x, weights = _inputs()
+    honest_mean = x[~CORRUPTED].mean(axis=0)
+    distances = {}
+    for bounds in (False, True):
+      result, output = _by_pass(_bounded(name, False, 'claim_near', bounds=bounds,
+                                         factor=1e3), x, weights, None)
+      distances[bounds] = np.linalg.norm(result - honest_mean)
+    self.assertGreater(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
+    self.assertLess(distances[True], 0.2 * distances[False])
+
+  def test_a_claim_the_bounds_admit_still_moves_the_gm(self):
+    # β_i ≤ α_i is all a range check can say: a corrupted client far away that
+    # claims β = α (as if within ν of the estimate) is admitted.
+    x, weights = _inputs()
+    honest_mean = x[~CORRUPTED].mean(axis=0)
+    update_only, _ = _by_pass(_built('gm', False)[1], x, weights,
+                              pass_attacks.LateSwitch(from_pass=0))
+    claimed, output = _by_pass(_bounded('gm', False, 'claim_near'), x, weights, None)
+    self.assertEqual(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
+    self.assertGreater(np.linalg.norm(claimed - honest_mean),
+                       5 * np.linalg.norm(update_only - honest_mean))
 
   def test_rejects_what_is_not_an_iterative_aggregate(self):
     with self.assertRaisesRegex(TypeError, 'iterative'):
