@@ -32,6 +32,8 @@ setuptools.setup(
     install_requires=[
         'cryptography>=41',
         'dm-tree~=0.1.8',
+        # tff_robust.aggregators.accounting (tensorflow-privacy 0.9.0 pins the same).
+        'dp-accounting==0.4.3',
         'grpcio>=1.46',
         'numpy~=1.25',
         'portpicker~=1.6',

@@ -4,7 +4,9 @@
   gamma_mean          GammaMeanFactory (γ-mean)
   gradient_masking    GradientMaskedAveragingFactory (GMA)
   centered_clipping   SecureCenteredClippingFactory
-  privacy             DifferentiallyPrivateWeightedMeanFactory (a DP inner mean)
+  privacy             DifferentiallyPrivateWeightedMeanFactory (a DP inner mean) and
+                      SIDE_CHANNELS (what reaches the server un-noised beside it)
+  accounting          ε(δ) of a run with the DP inner mean (dp_accounting)
   nonfinite           NonfiniteFilteringFactory (drops NaN/Inf clients and unusable
                       weights: negative, subnormal, non-finite)
   weight_cap          WeightCappingFactory (caps client weights at a multiple of their

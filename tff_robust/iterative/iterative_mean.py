@@ -12,6 +12,7 @@ import collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+import tensorflow_privacy as tfp
 
 from tff_robust.common import numerics
 from tff_robust.common import type_checks
@@ -157,6 +158,21 @@ def type_template(value_type):
 
 
 def check_inner_mean_factory(factory) -> tff.aggregators.WeightedAggregationFactory:
+  """`factory` if it can be an iterative aggregate's inner weighted mean (None: the
+  default mean).
+
+  Refused besides a factory that is not weighted: a weighted mean built around a
+  *count-normalising* aggregation (`count_normalising_parts`), such as
+  `tff.aggregators.MeanFactory(value_sum_factory=tff.aggregators.
+  DifferentiallyPrivateFactory.gaussian_fixed(...))`. `MeanFactory` divides its value
+  sum Σ β_i x_i by Σ β_i; TFF's DP factories already divide the sum by a fixed
+  `clients_per_round`, so each pass returns Σ β_i x_i / (n · Σ β_i), a 1/n-th of the
+  weighted mean (the geometric median shrinks by n every round), with no error.
+
+  Raises:
+    TypeError: for a factory that is not a `tff.aggregators.WeightedAggregationFactory`
+      or one that normalises by a count.
+  """
   if factory is None:
     return default_inner_mean_factory()
   if not isinstance(factory, tff.aggregators.WeightedAggregationFactory):
@@ -165,7 +181,64 @@ def check_inner_mean_factory(factory) -> tff.aggregators.WeightedAggregationFact
         '(for example tff.aggregators.MeanFactory(value_sum_factory='
         f'tff.aggregators.SecureSumFactory(...))); got {type(factory).__name__}.'
     )
+  normalising = count_normalising_parts(factory)
+  if normalising:
+    raise TypeError(
+        f'inner_mean_factory {type(factory).__name__} holds '
+        f'{", ".join(sorted(set(normalising)))}, which divides its sum by a count '
+        "(TFF's DifferentiallyPrivateFactory.gaussian_fixed / gaussian_adaptive / "
+        'tree_aggregation divide by a fixed clients_per_round): inside a weighted '
+        'mean every pass would return Σ β_i x_i / (n · Σ β_i), a 1/n-th of the mean. '
+        'For differential privacy use '
+        'tff_robust.DifferentiallyPrivateWeightedMeanFactory(noise_multiplier, clip) '
+        '(one Gaussian sum of the records (β_i x_i, β_i), then the division); a '
+        'value_sum_factory of MeanFactory must be a sum (e.g. '
+        'tff.aggregators.DifferentiallyPrivateFactory(tfp.GaussianSumQuery(...))).')
   return factory
+
+
+def count_normalising_parts(factory) -> list[str]:
+  """The class names of the parts of `factory` that normalise by a count: TFF's
+  `UnweightedMeanFactory`, tensorflow-privacy's `NormalizedQuery` (behind TFF's
+  `DifferentiallyPrivateFactory.gaussian_fixed`, `gaussian_adaptive` and
+  `tree_aggregation`, and `DistributedSkellamAverageQuery`) and
+  `NoPrivacyAverageQuery`, found through the attributes (and closures) of the
+  factory, its inner factories and their DP queries (a structural check: nothing is
+  built or run)."""
+  normalising_types = (tff.aggregators.UnweightedMeanFactory, tfp.NormalizedQuery,
+                       tfp.NoPrivacyAverageQuery)
+  walked_types = (tff.aggregators.WeightedAggregationFactory,
+                  tff.aggregators.UnweightedAggregationFactory, tfp.DPQuery)
+  found, seen, stack = [], set(), [factory]
+  while stack:
+    part = stack.pop()
+    if id(part) in seen:
+      continue
+    seen.add(id(part))
+    if isinstance(part, normalising_types):
+      found.append(type(part).__name__)
+    if isinstance(part, (list, tuple)):
+      stack.extend(part)
+    elif isinstance(part, dict):
+      stack.extend(part.values())
+    elif isinstance(part, walked_types):
+      stack.extend(getattr(part, '__dict__', {}).values())
+      stack.extend(_closed_over(type(part)))
+  return found
+
+
+def _closed_over(cls) -> list:
+  """What the methods of `cls` close over: TFF's wrappers (`clipping_factory`,
+  `zeroing_factory`) define their class inside a function and keep the inner factory
+  in the closure of `create`, not in an attribute."""
+  contents = []
+  for attribute in vars(cls).values():
+    for cell in getattr(attribute, '__closure__', None) or ():
+      try:
+        contents.append(cell.cell_contents)
+      except ValueError:  # An empty cell.
+        pass
+  return contents
 
 
 def float32_weights(weight_type, weight):

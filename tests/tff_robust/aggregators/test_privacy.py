@@ -4,9 +4,13 @@ The compiled-computation check walks the `next` computation's building blocks an
 every intrinsic that moves data from CLIENTS to SERVER: a secure-compatible aggregator
 may only use sums there (and, for the one measurement that needs it, the maximum of a
 scalar client weight), never an intrinsic that hands a client's value to the server.
+With the DP inner mean, each of them must be that mean's noised sum or one of the
+declared side channels (`tff_robust.aggregators.privacy.SIDE_CHANNELS`), as many times
+as the configuration sends it.
 """
 
 import collections
+import pathlib
 
 from absl.testing import parameterized
 import numpy as np
@@ -16,10 +20,15 @@ from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
 
 from baselines import coordinatewise
+import tensorflow_privacy as tfp
+
 from tests.helpers import aggregator_cases
 import tff_robust
+from tff_robust.aggregators import accounting
+from tff_robust.aggregators import privacy
 from tff_robust.aggregators import robust_scale
 from tff_robust.aggregators import weight_cap
+from tff_robust.iterative import iterative_mean
 
 VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
     kernel=tff.TensorType(np.float32, [4, 3]), bias=tff.TensorType(np.float32, [3])))
@@ -274,6 +283,221 @@ class DifferentiallyPrivateInnerMeanTest(parameterized.TestCase):
   def test_numpy_scalars_are_accepted(self):
     tff_robust.DifferentiallyPrivateWeightedMeanFactory(
         noise_multiplier=np.float32(0.5), clip=np.float64(1.0))
+
+
+
+# The DP configurations of the iterative aggregates. Each: the factory built around a
+# DP inner mean, the value type, the inner mean's value types (whose records make the
+# noised sum) and how many times each side channel crosses per round ('dp_sum': the
+# noised sums, one per inner-mean call).
+DP_NOISE_MULTIPLIER = 0.5
+
+
+def dp_inner():
+  return tff_robust.DifferentiallyPrivateWeightedMeanFactory(
+      noise_multiplier=DP_NOISE_MULTIPLIER, clip=1.0)
+
+
+FLOAT64_VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
+    kernel=tff.TensorType(np.float64, [4, 3]), bias=tff.TensorType(np.float64, [3])))
+_PAIR_TYPE = tff.types.to_type(collections.OrderedDict(value=VALUE_TYPE,
+                                                       square=VALUE_TYPE))
+# The default GM (trimmed start, R = 3, relative ν, both reports).
+_GM_CHANNELS = dict(dp_sum=3, first_beta_sum=2, max_weight=3, weight_sum=1,
+                    distance_sum=1, radius_histogram=2, nu_histogram=1,
+                    beta_sum_and_objective=1, objective=1)
+DP_CONFIGURATIONS = (
+    ('gm', lambda: tff_robust.GeometricMedianFactory(inner_mean_factory=dp_inner()),
+     VALUE_TYPE, [VALUE_TYPE], _GM_CHANNELS),
+    ('gm_float64', lambda: tff_robust.GeometricMedianFactory(
+        inner_mean_factory=dp_inner()),
+     FLOAT64_VALUE_TYPE, [FLOAT64_VALUE_TYPE], _GM_CHANNELS),
+    ('gm_without_reports', lambda: tff_robust.GeometricMedianFactory(
+        inner_mean_factory=dp_inner(), report_max_effective_weight=False,
+        report_objective=False),
+     VALUE_TYPE, [VALUE_TYPE],
+     dict(dp_sum=3, weight_sum=1, distance_sum=1, radius_histogram=2, nu_histogram=1,
+          beta_sum_and_objective=1)),
+    # The fewest: an absolute ν, the mean start, no early stop, no reports.
+    ('gm_fewest_side_channels', lambda: tff_robust.GeometricMedianFactory(
+        inner_mean_factory=dp_inner(), nu=1e-6, tolerance=0, initial_point='mean',
+        report_max_effective_weight=False, report_objective=False),
+     VALUE_TYPE, [VALUE_TYPE], dict(dp_sum=3, weight_sum=1, beta_sum_and_objective=2)),
+    ('one_step_gm', lambda: tff_robust.one_step_geometric_median_factory(
+        inner_mean_factory=dp_inner()),
+     VALUE_TYPE, [VALUE_TYPE],
+     dict(dp_sum=1, nu_histogram=1, first_beta_sum=1, max_weight=1, objective=1)),
+    ('gamma_mean', lambda: tff_robust.GammaMeanFactory(inner_mean_factory=dp_inner()),
+     VALUE_TYPE, [VALUE_TYPE], dict(dp_sum=4, gamma_start_sums=1,
+                                    gamma_iteration_sums=3)),
+    ('gamma_mean_diagonal_from_gm', lambda: tff_robust.GammaMeanFactory(
+        covariance='diagonal', initial_point='geometric_median',
+        inner_mean_factory=dp_inner()),
+     VALUE_TYPE, [VALUE_TYPE, _PAIR_TYPE],
+     dict(_GM_CHANNELS, dp_sum=6, gamma_start_sums=1, gamma_iteration_sums=3)),
+    ('filtered_capped_gm', lambda: tff_robust.NonfiniteFilteringFactory(
+        weight_cap.WeightCappingFactory(tff_robust.GeometricMedianFactory(
+            inner_mean_factory=dp_inner()))),
+     VALUE_TYPE, [VALUE_TYPE],
+     dict(_GM_CHANNELS, num_nonfinite=1, weight_cap_histogram=1, num_capped=1)),
+)
+_CHANNELS = {channel.name: channel for channel in privacy.SIDE_CHANNELS}
+
+
+def unnoised_aggregations(process, inner_value_types):
+  """(number of noised DP sums, Counter of (uri, member) of every other CLIENTS →
+  SERVER aggregation of `process.next`). A noised sum is a `federated_sum` of the DP
+  mean's records (`DifferentiallyPrivateWeightedMeanFactory.record_type`)."""
+  records = [privacy.DifferentiallyPrivateWeightedMeanFactory.record_type(t)
+             for t in inner_value_types]
+  noised, others = 0, collections.Counter()
+  for uri, member in client_to_server_intrinsics(process.next):
+    if uri == 'federated_sum' and any(str(member) == str(r) for r in records):
+      noised += 1
+    else:
+      others[(uri, str(member))] += 1
+  return noised, others
+
+
+def declared_keys():
+  """(uri, member) → the side channels that such an aggregation may be."""
+  keys = collections.defaultdict(list)
+  for channel in privacy.SIDE_CHANNELS:
+    for member in channel.members:
+      keys[(channel.intrinsic, str(member))].append(channel.name)
+  return keys
+
+
+def expected_aggregations(channels, observed):
+  """The Counter of (uri, member) that the channel counts `channels` make, each
+  channel at its member of this model's float width (the one observed)."""
+  expected = collections.Counter()
+  for name, count in channels.items():
+    if name == 'dp_sum':
+      continue
+    channel = _CHANNELS[name]
+    members = [str(m) for m in channel.members]
+    member = next((m for m in members if (channel.intrinsic, m) in observed), members[0])
+    expected[(channel.intrinsic, member)] += count
+  return expected
+
+
+class DifferentiallyPrivateSideChannelTest(parameterized.TestCase):
+  """In a DP configuration every client statistic that reaches the server is the DP
+  mean's noised sum or a declared side channel, as many times as declared: a new
+  un-noised sum (or one more of a declared kind) fails here."""
+
+  @parameterized.named_parameters(*DP_CONFIGURATIONS)
+  def test_only_the_noised_sum_and_declared_side_channels_reach_the_server(
+      self, build, value_type, inner_value_types, channels):
+    process = build().create(value_type, WEIGHT_TYPE)
+    noised, others = unnoised_aggregations(process, inner_value_types)
+    declared = declared_keys()
+    undeclared = sorted(key for key in others if key not in declared)
+    self.assertEmpty(undeclared, 'un-noised client-to-server aggregations that are '
+                     'not in tff_robust.aggregators.privacy.SIDE_CHANNELS (declare '
+                     'them there and in docs/aggregators.md, with their sensitivity)')
+    self.assertEqual(noised, channels['dp_sum'])
+    expected = expected_aggregations(channels, others)
+    self.assertEqual(dict(others), dict(expected), 'un-noised aggregations per round, '
+                     'by (intrinsic, member): observed != declared for this '
+                     'configuration')
+
+  @parameterized.named_parameters(*DP_CONFIGURATIONS)
+  def test_the_accountant_composes_one_gaussian_per_noised_sum(
+      self, build, value_type, inner_value_types, channels):
+    del value_type, inner_value_types
+    # The accountant's count of Gaussian mechanisms a round (`round_event_of`) is the
+    # number of noised sums in the compiled computation (the test above).
+    z = accounting.effective_noise_multiplier(accounting.round_event_of(build()))
+    self.assertAlmostEqual(z, DP_NOISE_MULTIPLIER / np.sqrt(channels['dp_sum']),
+                           places=12)
+
+  @parameterized.named_parameters(
+      ('plain_inner_mean', lambda: tff_robust.GeometricMedianFactory()),
+      # GMA's sign votes are model-sized un-noised sums beside the DP mean.
+      ('gma_sign_sums', lambda: tff_robust.GradientMaskedAveragingFactory(
+          inner_mean_factory=dp_inner())),
+  )
+  def test_the_walk_fails_on_an_unnoised_model_sized_sum(self, build):
+    process = build().create(VALUE_TYPE, WEIGHT_TYPE)
+    _, others = unnoised_aggregations(process, [VALUE_TYPE])
+    self.assertNotEmpty([key for key in others if key not in declared_keys()])
+
+  def test_every_side_channel_is_in_the_docs(self):
+    docs = (pathlib.Path(__file__).resolve().parents[3] / 'docs' /
+            'aggregators.md').read_text(encoding='utf-8')
+    missing = [c.name for c in privacy.SIDE_CHANNELS if f'`{c.name}`' not in docs]
+    self.assertEmpty(missing)
+
+  def test_every_side_channel_is_sent_by_a_configuration(self):
+    # No stale entry: each declared channel is seen in some configuration above.
+    used = {name for *_, channels in DP_CONFIGURATIONS for name in channels}
+    self.assertEqual(sorted(set(_CHANNELS) - used), [])
+
+
+def _gaussian_fixed():
+  return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+      noise_multiplier=0.5, clients_per_round=10, clip=1.0)
+
+
+COUNT_NORMALISING_MEANS = (
+    ('gaussian_fixed', lambda: tff.aggregators.MeanFactory(
+        value_sum_factory=_gaussian_fixed()), 'NormalizedQuery'),
+    ('gaussian_adaptive', lambda: tff.aggregators.MeanFactory(
+        value_sum_factory=tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
+            noise_multiplier=0.5, clients_per_round=10)), 'NormalizedQuery'),
+    ('as_weight_sum', lambda: tff.aggregators.MeanFactory(
+        weight_sum_factory=_gaussian_fixed()), 'NormalizedQuery'),
+    ('no_privacy_average', lambda: tff.aggregators.MeanFactory(
+        value_sum_factory=tff.aggregators.DifferentiallyPrivateFactory(
+            tfp.NoPrivacyAverageQuery())), 'NoPrivacyAverageQuery'),
+    ('unweighted_mean', lambda: tff.aggregators.MeanFactory(
+        value_sum_factory=tff.aggregators.UnweightedMeanFactory()),
+     'UnweightedMeanFactory'),
+    # Found inside another factory too.
+    ('inside_clipping', lambda: tff.aggregators.clipping_factory(
+        1.0, tff.aggregators.MeanFactory(value_sum_factory=_gaussian_fixed())),
+     'NormalizedQuery'),
+)
+OUTER_FACTORIES = (
+    ('gm', lambda inner: tff_robust.GeometricMedianFactory(inner_mean_factory=inner)),
+    ('gamma_mean', lambda inner: tff_robust.GammaMeanFactory(inner_mean_factory=inner)),
+    ('centered_clipping', lambda inner: tff_robust.SecureCenteredClippingFactory(
+        inner_mean_factory=inner)),
+    ('gma', lambda inner: tff_robust.GradientMaskedAveragingFactory(
+        inner_mean_factory=inner)),
+)
+
+
+class CountNormalisingInnerMeanTest(parameterized.TestCase):
+  """An inner "mean" around TFF's DP factories divided Σ β_i x_i by a fixed count
+  as well as by Σ β_i: accepted, it returned a 1/n-th of the geometric median."""
+
+  @parameterized.product(inner=COUNT_NORMALISING_MEANS, outer=OUTER_FACTORIES)
+  def test_is_refused_with_the_fix(self, inner, outer):
+    _, build_inner, part = inner
+    _, build_outer = outer
+    with self.assertRaisesRegex(TypeError, part) as raised:
+      build_outer(build_inner())
+    self.assertIn('divides its sum by a count', str(raised.exception))
+    self.assertIn('tff_robust.DifferentiallyPrivateWeightedMeanFactory('
+                  'noise_multiplier, clip)', str(raised.exception))
+
+  @parameterized.named_parameters(
+      ('dp_weighted_mean', dp_inner),
+      ('secure_mean', secure_mean),
+      ('default', lambda: None),
+      # A DP *sum* as MeanFactory's value sum is a mean (its weight sum un-noised).
+      ('dp_sum_in_mean_factory', lambda: tff.aggregators.MeanFactory(
+          value_sum_factory=tff.aggregators.DifferentiallyPrivateFactory(
+              tfp.GaussianSumQuery(l2_norm_clip=1.0, stddev=0.5)))),
+      ('float64_mean', iterative_mean.Float64MeanFactory),
+  )
+  def test_a_sum_based_mean_is_accepted(self, build_inner):
+    self.assertEmpty(iterative_mean.count_normalising_parts(build_inner()))
+    for _, build_outer in OUTER_FACTORIES:
+      build_outer(build_inner())
 
 
 if __name__ == '__main__':
