@@ -40,6 +40,7 @@ from tasks.simulation import ledger
 from tasks.simulation import loop
 from tasks.simulation import pass_attacks
 from tff_robust.distributed import runtime
+from tff_robust.iterative import contributions
 
 AGGREGATORS = ('gm', 'one_step_gm', 'gamma_mean', 'secure_centered_clipping')
 # (label, registered protocol attack, its arguments).
@@ -111,7 +112,8 @@ def _config(aggregator: str, attack: str, rho: float, seed: int, bounds: bool):
       task='emnist', model='linear', source='bundled', rounds=ROUNDS,
       clients_per_round=10, client_learning_rate=0.1, aggregator=aggregator,
       protocol_attack=attack_name, protocol_params=params, rho=rho, seed=seed,
-      bounds=bounds), factory)
+      bounds=bounds, **({'bounds_revision': contributions.BOUNDS_REVISION}
+                        if bounds else {})), factory)
 
 
 def _run_name(aggregator, attack, rho, seed, bounds) -> str:

@@ -542,20 +542,22 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     """Pass 1: a Weiszfeld step from zero or the previous aggregate, or the mean."""
     if self._start in ('mean', 'trimmed'):
       nu, beta = None, tff.federated_map(_as_beta, alpha)
-      weight_bound = contributions.EQUAL_TO_ALPHA
+      weight_bound, context = contributions.EQUAL_TO_ALPHA, ()
+      bound = contributions.pair(contributions.UNBOUNDED, weight_bound)
     else:
       weight_bound = contributions.AT_MOST_ALPHA
       nu = self._nu(carry)
       if self._start == 'previous':
-        beta = tff.federated_map(self._weight_from_distance, (
-            tff.federated_broadcast(carry['center']), value, alpha,
-            tff.federated_broadcast(nu)))
+        context = (tff.federated_broadcast(carry['center']), tff.federated_broadcast(nu))
+        beta = tff.federated_map(self._weight_from_distance,
+                                 (context[0], value, alpha, context[1]))
+        bound = _WEISZFELD_BOUND
       else:
-        beta = tff.federated_map(self._weight_from_norm,
-                                 (value, alpha, tff.federated_broadcast(nu)))
-    output = contributions.mean_of(
-        'first_mean', self._inner, carry['inner'], value, beta, alpha,
-        contributions.pair(contributions.UNBOUNDED, weight_bound))
+        context = (tff.federated_broadcast(nu),)
+        beta = tff.federated_map(self._weight_from_norm, (value, alpha, context[0]))
+        bound = _FIRST_STEP_BOUND
+    output = contributions.mean_of('first_mean', self._inner, carry['inner'], value,
+                                   beta, alpha, bound, context)
     carry = dict(carry, inner=output.state, center=output.result,
                  inner_measurements=output.measurements,
                  loop=tff.federated_eval(self._not_frozen, tff.SERVER),
@@ -602,14 +604,17 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     """Pass 2 of the trimmed start: the α-weighted mean of the clients within the
     radius of the mean (β_i = α_i inside, 0 outside), one inner mean."""
     bucket, unit = carry['trim_bucket'], carry['trim_unit']
+    center_at_clients = tff.federated_broadcast(carry['center'])
     beta = tff.federated_map(self._trimmed_weight, (
-        tff.federated_broadcast(carry['center']), value, alpha,
-        tff.federated_broadcast(unit), tff.federated_broadcast(bucket)))
-    output = contributions.mean_of('trimmed_mean', self._inner, carry['inner'], value,
-                                   beta, alpha, _TRIMMED_BOUND)
+        center_at_clients, value, alpha, tff.federated_broadcast(unit),
+        tff.federated_broadcast(bucket)))
+    radius = tff.federated_map(self._radius, (bucket, unit))
+    output = contributions.mean_of(
+        'trimmed_mean', self._inner, carry['inner'], value, beta, alpha, _TRIMMED_BOUND,
+        lambda: (center_at_clients, tff.federated_broadcast(radius)))
     carry = dict(carry, inner=output.state, center=output.result,
                  inner_measurements=output.measurements,
-                 trim_radius=tff.federated_map(self._radius, (bucket, unit)),
+                 trim_radius=radius,
                  loop=tff.federated_eval(self._trim_applied, tff.SERVER))
     if self._report_max_weight:
       carry['max_weights'] = carry['max_weights'] + [_max_effective_weight(
@@ -638,7 +643,8 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     beta_sum_and_objective = contributions.sum_of(
         'beta_and_objective', beta_and_term, alpha, _BETA_AND_OBJECTIVE_BOUND)
     output = contributions.mean_of('weiszfeld', self._inner, carry['inner'], value,
-                                   beta, alpha, _WEISZFELD_BOUND)
+                                   beta, alpha, _WEISZFELD_BOUND,
+                                   (arguments_[0], arguments_[3]))
     advanced = tff.federated_map(self._advance, (
         center, output.result, loop['frozen'], loop['frozen_at'], loop['passes'],
         tff.federated_value(this_pass, tff.SERVER), beta_sum_and_objective[0],
@@ -693,13 +699,47 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
         measurements=tff.federated_zip(measurements))
 
 
+def _within(value, beta, alpha, center, limit):
+  """β ∈ [0, α] and β·‖w − v‖ ≤ α·limit (v = 0 for `center` None), with a margin for
+  float32 rounding."""
+  beta, alpha = tf.cast(beta, tf.float64), tf.cast(alpha, tf.float64)
+  distance = (numerics.global_l2_norm(value) if center is None
+              else numerics.global_l2_distance(value, center))
+  return tf.reduce_all([
+      tf.reduce_all([tf.reduce_all(tf.math.is_finite(x)) for x in tf.nest.flatten(value)]),
+      tf.math.is_finite(beta), beta >= 0, beta <= alpha,
+      beta * distance <= alpha * tf.cast(limit, tf.float64) * (1.0 + 1e-5)])
+
+
+def _step_bound(centered: bool) -> contributions.Bound:
+  """A Weiszfeld step's (w, β) from the broadcast estimate v (`centered`; v = 0
+  otherwise) and floor ν (the context): β = α·ν/max(ν, d) gives β ∈ [0, α] and
+  β·‖w − v‖ ≤ α·ν, so a client moves the step by at most α·ν/Σβ whatever it sends."""
+
+  def admits(pair, alpha, *context):
+    center, nu = context if centered else (None, context[0])
+    return _within(pair[0], pair[1], alpha, center, nu)
+
+  return contributions.Bound('β ∈ [0, α], β·‖w − v‖ ≤ α·ν', admits)
+
+
+def _trimmed_admits(pair, alpha, center, radius):
+  # β ∈ {0, α}, and a client counted (β = α) is within the radius of the mean.
+  beta = tf.cast(pair[1], tf.float64)
+  return tf.logical_and(
+      tf.logical_or(tf.equal(beta, 0), tf.equal(beta, tf.cast(alpha, tf.float64))),
+      _within(pair[0], pair[1], alpha, center, radius))
+
+
 # What an honest client contributes to each aggregation (`contributions`): β_i is in
-# [0, α_i] (it carries ν), α_i itself in the mean start's pass, 0 or α_i in the trimmed
-# mean's; the update, the distances behind the objective and the weighted distance
-# are unbounded above (nothing here bounds a client's distance).
-_WEISZFELD_BOUND = contributions.pair(contributions.UNBOUNDED,
-                                      contributions.AT_MOST_ALPHA)
-_TRIMMED_BOUND = contributions.pair(contributions.UNBOUNDED, contributions.ZERO_OR_ALPHA)
+# [0, α_i] (it carries ν) and β_i·‖w_i − v‖ ≤ α_i·ν in a Weiszfeld step, α_i itself
+# in the mean start's pass (the update there unbounded: it is the mean), 0 or α_i
+# within the radius in the trimmed mean's; the distances behind the objective and
+# the weighted distance are unbounded above.
+_WEISZFELD_BOUND = _step_bound(centered=True)
+_FIRST_STEP_BOUND = _step_bound(centered=False)
+_TRIMMED_BOUND = contributions.Bound('β ∈ {0, α}, β·‖w − v‖ ≤ α·radius',
+                                     _trimmed_admits)
 _HISTOGRAM_BOUND = contributions.one_hot('alpha')
 _BETA_AND_OBJECTIVE_BOUND = contributions.fields(contributions.AT_MOST_ALPHA,
                                                  contributions.NONNEGATIVE)

@@ -26,10 +26,15 @@ traced call the interceptor's `sum_of`, `max_of` and `mean_of` instead. Without 
 
 import contextlib
 import contextvars
-from typing import Callable, NamedTuple, Optional, Protocol, Sequence
+from typing import Callable, NamedTuple, Optional, Protocol, Sequence, Union
 
 import tensorflow as tf
 import tensorflow_federated as tff
+
+
+# Bumped when a declared bound changes what it admits: simulated results under the
+# bounds are retrained (e.g. `benchmarks.protocol_attacks`' ledger).
+BOUNDS_REVISION = 2
 
 
 class Bound(NamedTuple):
@@ -158,30 +163,38 @@ def intercepted(interceptor: Interceptor):
     _ACTIVE.reset(token)
 
 
-def sum_of(name: str, values, alpha, bound: Bound, context: Sequence = ()):
+Context = Union[Sequence, Callable[[], Sequence]]
+
+
+def _context(context: Context) -> tuple:
+  return tuple(context() if callable(context) else context)
+
+
+def sum_of(name: str, values, alpha, bound: Bound, context: Context = ()):
   """`tff.federated_sum(values)`: the clients' contribution `name` (at CLIENTS),
   within `bound` for an honest client of weight `alpha` (at CLIENTS); `context`:
-  values at CLIENTS that the bound reads."""
+  values at CLIENTS that the bound reads, or a function returning them (called only
+  under an interceptor, so a deployed computation broadcasts nothing for them)."""
   interceptor = _ACTIVE.get()
   if interceptor is None:
     return tff.federated_sum(values)
-  return interceptor.sum_of(name, values, alpha, bound, tuple(context))
+  return interceptor.sum_of(name, values, alpha, bound, _context(context))
 
 
-def max_of(name: str, values, alpha, bound: Bound, context: Sequence = ()):
+def max_of(name: str, values, alpha, bound: Bound, context: Context = ()):
   """`tff.federated_max(values)`, as `sum_of`."""
   interceptor = _ACTIVE.get()
   if interceptor is None:
     return tff.federated_max(values)
-  return interceptor.max_of(name, values, alpha, bound, tuple(context))
+  return interceptor.max_of(name, values, alpha, bound, _context(context))
 
 
 def mean_of(name: str, process: tff.templates.AggregationProcess, state, value,
-            weight, alpha, bound: Bound, context: Sequence = ()):
+            weight, alpha, bound: Bound, context: Context = ()):
   """`process.next(state, value, weight)`: the clients' contribution `name`, the
   pair (value, weight) at CLIENTS, within `bound` (a `pair`)."""
   interceptor = _ACTIVE.get()
   if interceptor is None:
     return process.next(state, value, weight)
   return interceptor.mean_of(name, process, state, value, weight, alpha, bound,
-                             tuple(context))
+                             _context(context))

@@ -151,15 +151,41 @@ class PassByPassTest(parameterized.TestCase):
     self.assertGreater(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
     self.assertLess(distances[True], 0.2 * distances[False])
 
-  def test_a_claim_the_bounds_admit_still_moves_the_gm(self):
-    # β_i ≤ α_i is all a range check can say: a corrupted client far away that
-    # claims β = α (as if within ν of the estimate) is admitted.
+  @parameterized.product(name=('gm', 'one_step_gm'),
+                         attack=('claim_near', 'numerator_only', 'poisoned_sums',
+                                 'nan_contributions'))
+  def test_under_the_bounds_no_protocol_attack_beats_the_update_attack(self, name,
+                                                                       attack):
+    # A Weiszfeld step's (w, β) is admitted only with β·‖w − v‖ ≤ α·ν, what an honest
+    # client's β = α·ν/max(ν, d) gives: whatever a corrupted client sends, it moves
+    # the step no more than a client at any distance with the honest β.
+    update_only = _built(name, False)[1]
+    bounded = _bounded(name, False, attack)
+    for num_corrupted, shift, scale in ((1, 0.0, 1.0), (5, 100.0, 1.0),
+                                        (5, -3.0, 1e-3), (8, 1e3, 10.0)):
+      x, weights = _inputs()
+      x = shift + scale * x
+      corrupted = np.zeros(NUM_CLIENTS, bool)
+      corrupted[:num_corrupted] = True
+      honest = x[~corrupted]
+      median = np.median(honest, axis=0)
+      spread = np.sqrt(np.mean(np.sum((honest - honest.mean(axis=0))**2, axis=1)))
+      distances = []
+      for (initialize, aggregate, _), attack_ in ((update_only, pass_attacks.LateSwitch(
+          from_pass=0)), (bounded, None)):
+        output = aggregate(initialize(), x, weights, corrupted, attack_,
+                           np.random.default_rng(0))
+        distances.append(np.linalg.norm(np.asarray(output.result, np.float64) - median))
+      self.assertLessEqual(distances[1], distances[0] + 0.05 * spread,
+                           (num_corrupted, shift, scale))
+
+  def test_without_the_bounds_a_claim_moves_the_gm(self):
     x, weights = _inputs()
     honest_mean = x[~CORRUPTED].mean(axis=0)
     update_only, _ = _by_pass(_built('gm', False)[1], x, weights,
                               pass_attacks.LateSwitch(from_pass=0))
-    claimed, output = _by_pass(_bounded('gm', False, 'claim_near'), x, weights, None)
-    self.assertEqual(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
+    claimed, _ = _by_pass(_bounded('gm', False, 'claim_near', bounds=False), x,
+                          weights, None)
     self.assertGreater(np.linalg.norm(claimed - honest_mean),
                        5 * np.linalg.norm(update_only - honest_mean))
 
