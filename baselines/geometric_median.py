@@ -225,15 +225,9 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
       floors.append(nu)
       relative_gradient = tf.math.divide_no_nan(
           tf.norm(proposal - center) * beta_sum, alpha_sum)
-      # As the secure factory: tolerance 0 never freezes, and the pass revealing
-      # convergence is itself applied.
-      converged = tf.logical_and(self._tolerance > 0,
-                                 relative_gradient <= self._tolerance)
-      center = tf.where(frozen, center, proposal)
-      passes += tf.cast(tf.logical_not(frozen), tf.int32)
-      frozen_at = tf.where(tf.logical_and(tf.logical_not(frozen), converged),
-                           this_pass, frozen_at)
-      frozen = tf.logical_or(frozen, converged)
+      apply, frozen, frozen_at, passes = geometric_median.freeze_step(
+          frozen, frozen_at, passes, this_pass, relative_gradient, self._tolerance)
+      center = tf.where(apply, proposal, center)
       objectives.append(objective)
       relative_gradients.append(relative_gradient)
       max_shares.append(max_share)

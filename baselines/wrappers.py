@@ -7,7 +7,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 # TFF's clipping wrapper (state, measurements, adaptive norm) around a clip function of
 # our own: the public `clipping_factory` fixes the float32 clip function.
-from tensorflow_federated.python.aggregators import robust as tff_robust_aggregators
+from tff_robust.common.tff_private import robust as tff_robust_aggregators
 
 from tff_robust.common import arguments
 from tff_robust.iterative import iterative_mean

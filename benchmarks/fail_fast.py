@@ -10,9 +10,8 @@ instead: a worker that dies raises `tff_robust.distributed.WorkerError` after
 import contextlib
 
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.backends.native import compiler
-from tensorflow_federated.python.core.environments.tensorflow_frontend import (
-    tensorflow_computation)
+from tff_robust.common.tff_private import native_compiler as compiler
+from tff_robust.common.tff_private import tensorflow_computation
 
 from tff_robust import distributed
 from tff_robust import runtime

@@ -7,8 +7,7 @@ from unittest import mock
 import numpy as np
 import tensorflow_federated as tff
 # pylint: disable=g-direct-tensorflow-import
-from tensorflow_federated.python.core.environments.tensorflow_backend import (
-    compiled_computation_transformations)
+from tff_robust.common.tff_private import compiled_computation_transformations
 # pylint: enable=g-direct-tensorflow-import
 
 from tests.helpers import compilation

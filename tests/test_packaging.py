@@ -63,6 +63,26 @@ def test_layers_import_only_the_layers_below(layer):
   assert not wrong
 
 
+# The one module that may import TFF's and TensorFlow's private modules.
+PRIVATE_DOOR = ROOT / 'tff_robust' / 'common' / 'tff_private.py'
+_PRIVATE = re.compile(r'^(tensorflow|tensorflow_federated)\.python(\.|$)')
+_PRIVATE_TEXT = re.compile(r"""['"](tensorflow|tensorflow_federated)\.python[.'"]""")
+
+
+@pytest.mark.parametrize('layer', sorted(ALLOWED) + ['tests', 'scripts'])
+def test_private_tff_and_tensorflow_names_come_through_one_module(layer):
+  wrong = []
+  for path in _ours(layer):
+    if path == PRIVATE_DOOR:
+      continue
+    text = path.read_text(encoding='utf-8')
+    wrong += [(_module(path), name) for name in _imports(path) if _PRIVATE.match(name)]
+    # importlib.import_module('tensorflow_federated.python...') and the like.
+    wrong += [(_module(path), match.group(0)) for match in _PRIVATE_TEXT.finditer(text)
+              if 'test_packaging' not in path.name]
+  assert not wrong, f'import these through {PRIVATE_DOOR.relative_to(ROOT)}: {wrong}'
+
+
 # tff_robust's sub-packages → the sub-packages they may import (docs/development.md).
 SUBPACKAGES = {
     'common': {'common'},

@@ -37,7 +37,7 @@ import tensorflow_federated as tff
 # TFF's own FedAvg client update (the function `build_model_delta_client_work`
 # maps over clients), so distributed training is numerically FedAvg's. TFF 0.87 has
 # no public name for it.
-from tensorflow_federated.python.learning.templates import model_delta_client_work
+from tff_robust.common.tff_private import model_delta_client_work
 
 from tasks import registry
 from tasks.builders import task as task_lib

@@ -56,19 +56,19 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tensorflow.python.eager import wrap_function as wrap_function_lib
-from tensorflow.python.eager.polymorphic_function import attributes
-from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.backends.native import compiler
-from tensorflow_federated.python.core.impl.compiler import building_blocks
-from tensorflow_federated.python.core.impl.compiler import tree_analysis
-from tensorflow_federated.python.core.impl.executors import cardinalities_utils
-from tensorflow_federated.python.core.impl.computation import computation_impl
-from tensorflow_federated.python.core.impl.computation import function_utils
-from tensorflow_federated.python.core.impl.types import type_conversions
-from tensorflow_federated.python.core.impl.utils import tensorflow_utils
-from tensorflow_federated.python.tensorflow_libs import graph_utils
-from tensorflow_federated.python.tensorflow_libs import serialization_utils
+from tff_robust.common.tff_private import wrap_function as wrap_function_lib
+from tff_robust.common.tff_private import function_attributes as attributes
+from tff_robust.common.tff_private import structure
+from tff_robust.common.tff_private import native_compiler as compiler
+from tff_robust.common.tff_private import building_blocks
+from tff_robust.common.tff_private import tree_analysis
+from tff_robust.common.tff_private import cardinalities_utils
+from tff_robust.common.tff_private import computation_impl
+from tff_robust.common.tff_private import function_utils
+from tff_robust.common.tff_private import type_conversions
+from tff_robust.common.tff_private import tensorflow_utils
+from tff_robust.common.tff_private import graph_utils
+from tff_robust.common.tff_private import serialization_utils
 
 # The intrinsics TFF's native compiler leaves for its runtime in the computations of
 # this repository (and of TFF's learning templates), which `_Evaluation` implements.

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow.python.eager import context
+from tff_robust.common.tff_private import eager_context as context
 
 from tasks.builders import task as task_lib
 from tasks.simulation import attacks

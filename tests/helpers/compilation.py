@@ -22,7 +22,7 @@ import contextlib
 from unittest import mock
 
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.backends.native import compiler  # pylint: disable=g-direct-tensorflow-import
+from tff_robust.common.tff_private import native_compiler as compiler
 
 from tasks.simulation import in_process
 

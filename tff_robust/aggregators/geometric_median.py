@@ -114,6 +114,20 @@ def weiszfeld_beta(weight, distance, nu):
   return tf.cast(weight, tf.float64) * (nu / tf.maximum(distance, nu))
 
 
+def freeze_step(frozen, frozen_at, passes, this_pass, relative_gradient, tolerance):
+  """The freezing rule of the Weiszfeld passes, the secure and the gathered GM's:
+  `(apply, frozen, frozen_at, passes)` after pass `this_pass` whose relative gradient
+  is `relative_gradient`. The step is applied unless the estimate was frozen before
+  this pass (the pass that reveals convergence is itself applied, as its step is
+  below the tolerance); `tolerance` 0 never freezes (a rounding-level gradient of 0
+  must not stop the iteration); `passes` counts the applied passes."""
+  converged = tf.logical_and(tolerance > 0, relative_gradient <= tolerance)
+  apply = tf.logical_not(frozen)
+  return (apply, tf.logical_or(frozen, converged),
+          tf.where(tf.logical_and(apply, converged), this_pass, frozen_at),
+          passes + tf.cast(apply, tf.int32))
+
+
 class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
   """Geometric median of client updates by the smoothed Weiszfeld algorithm.
 
@@ -378,19 +392,13 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
       relative_gradient = tf.math.divide_no_nan(
           numerics.global_l2_distance(proposal, center) * (beta_sum / nu),
           tf.cast(alpha_sum, tf.float64))
-      # Strictly positive tolerance only: at 0 a rounding-level gradient of 0 must not
-      # stop the iteration (tolerance 0 means every pass runs).
-      converged = tf.logical_and(tolerance > 0, relative_gradient <= tolerance)
+      apply, frozen, frozen_at, passes = freeze_step(
+          frozen, frozen_at, passes, this_pass, relative_gradient, tolerance)
       # tf.cond, unlike tf.where, hands the chosen model through without a copy.
-      kept = tf.cond(frozen, lambda: numerics.as_nest(center),
-                     lambda: numerics.as_nest(proposal))
-      newly_frozen = tf.logical_and(tf.logical_not(frozen), converged)
-      # The count uses the flag before this pass: the pass that reveals convergence is
-      # itself applied (its step is below the tolerance).
-      passes = passes + tf.cast(tf.logical_not(frozen), tf.int32)
+      kept = tf.cond(apply, lambda: numerics.as_nest(proposal),
+                     lambda: numerics.as_nest(center))
       return collections.OrderedDict(
-          center=kept, frozen=tf.logical_or(frozen, converged),
-          frozen_at=tf.where(newly_frozen, this_pass, frozen_at), passes=passes,
+          center=kept, frozen=frozen, frozen_at=frozen_at, passes=passes,
           relative_gradient=relative_gradient)
 
     self._weight_from_norm = weight_from_norm

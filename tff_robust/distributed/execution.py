@@ -84,22 +84,20 @@ from tensorflow_federated.proto.v0 import executor_pb2
 from tensorflow_federated.proto.v0 import executor_pb2_grpc
 # The compiler and TF-frontend transforms TFF's own local C++ context is built with;
 # TFF 0.87 exports no public name for them.
-from tensorflow_federated.python.core.backends.native import compiler as native_compiler
-from tensorflow_federated.python.core.environments.tensorflow_frontend import (
-    tensorflow_computation)
+from tff_robust.common.tff_private import native_compiler
+from tff_robust.common.tff_private import tensorflow_computation
 # The pieces of TFF's mergeable context (splitting arguments into shards, its compiler,
 # re-assembling results), run here in client order (see `DistributedContext.invoke`).
-from tensorflow_federated.python.common_libs import async_utils
-from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
-from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline
-from tensorflow_federated.python.core.impl.execution_contexts import (
-    mergeable_comp_execution_context as mergeable)
-from tensorflow_federated.python.core.impl.compiler import tree_analysis
-from tensorflow_federated.python.core.impl.executors import cardinalities_utils
-from tensorflow_federated.python.core.impl.executors import cardinality_carrying_base
-from tensorflow_federated.python.core.impl.types import type_analysis
-from tensorflow_federated.python.core.impl.types import type_conversions
+from tff_robust.common.tff_private import async_utils
+from tff_robust.common.tff_private import structure
+from tff_robust.common.tff_private import mergeable_comp_compiler
+from tff_robust.common.tff_private import compiler_pipeline
+from tff_robust.common.tff_private import mergeable_comp_execution_context as mergeable
+from tff_robust.common.tff_private import tree_analysis
+from tff_robust.common.tff_private import cardinalities_utils
+from tff_robust.common.tff_private import cardinality_carrying_base
+from tff_robust.common.tff_private import type_analysis
+from tff_robust.common.tff_private import type_conversions
 
 from tff_robust.common import arguments
 from tff_robust.distributed import passwise

@@ -28,7 +28,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 # TFF's FedAvg client update, the function `build_model_delta_client_work` runs per
 # client; TFF 0.87 exports no public name for it.
-from tensorflow_federated.python.learning.templates import model_delta_client_work
+from tff_robust.common.tff_private import model_delta_client_work
 
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import nonfinite

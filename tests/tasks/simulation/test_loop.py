@@ -8,7 +8,7 @@ from absl.testing import parameterized
 from keras.src import backend as keras_backend
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import context
+from tff_robust.common.tff_private import eager_context as context
 
 from tasks import builders
 from tasks import registry

@@ -11,7 +11,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.aggregators import differential_privacy
+from tff_robust.common.tff_private import differential_privacy
 
 import tff_robust
 from tff_robust.aggregators import accounting

@@ -16,8 +16,8 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.impl.compiler import building_blocks
-from tensorflow_federated.python.core.impl.compiler import tree_analysis
+from tff_robust.common.tff_private import building_blocks
+from tff_robust.common.tff_private import tree_analysis
 
 from baselines import coordinatewise
 import tensorflow_privacy as tfp

@@ -23,7 +23,7 @@ import portpicker
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
+from tff_robust.common.tff_private import mergeable_comp_compiler
 
 from tests.helpers import structures
 import tff_robust
