@@ -27,8 +27,8 @@ first use):
                 aggregation one pass per computation; `passwise`: any factory one
                 computation per pass, `runtime.worker_binaries_stopped()`)
   common        argument and type checks, numerics, the weighted-and-unweighted base
-`tff_robust.passwise`, `tff_robust.runtime` and `tff_robust.original_rfa` still name
-their modules.
+`tff_robust.passwise`, `tff_robust.runtime` and `tff_robust.original_rfa` are short
+names of `distributed.passwise`, `distributed.runtime` and `aggregators.original_rfa`.
 """
 
 import importlib
@@ -52,7 +52,7 @@ _EXPORTS = {
     'PersonalizationClient': 'learning.personalization',
     'unweighted': 'common.unit_weights',
 }
-# The sub-packages, and the modules that were top-level before them (same objects).
+# The sub-packages, and short names of three of their modules (the same objects).
 _SUBMODULES = {
     'aggregators': 'aggregators',
     'common': 'common',

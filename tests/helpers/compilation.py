@@ -6,7 +6,7 @@ contexts, our workers' contexts and `tasks.simulation.in_process` all call)
 runs grappler, at its most aggressive, on every TensorFlow graph of a computation.
 That was about a third of the time of the aggregator and baseline tests (8:08 → 5:35
 for tests/tff_robust/aggregators and tests/baselines in one process), and it changed
-no bit where compared on this CPU-only TensorFlow (docs/development.md). The deployed
+no bit where compared on this CPU-only TensorFlow (docs/decisions.md). The deployed
 compilation still runs where the simulation's path is held to TFF's runtime
 (`deployed()`: tests/tasks/simulation/test_in_process.py) and in every program the
 tests start (binaries, benchmarks, workers' drivers, `command_lines.run_each`), which

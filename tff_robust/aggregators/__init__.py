@@ -12,5 +12,6 @@
   weight_cap          WeightCappingFactory (caps client weights at a multiple of their
                       median, from one secure sum)
   original_rfa        the original TFF RFA's entry points, with their meaning
-  robust_scale        the round's scale behind the relative ν and γ
+  robust_scale        the clients' typical distance behind the GM's relative ν, and
+                      the trimmed start's radius histogram
 """

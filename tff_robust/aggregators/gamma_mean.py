@@ -25,7 +25,7 @@ COVARIANCES = ('identity', 'diagonal')
 INITIAL_POINTS = ('mean', 'geometric_median')
 GAMMA_SCALES = ('spread', 'absolute')
 # γ per unit of the spread (see `GammaMeanFactory`): the best worst case of the study
-# in its docstring.
+# in docs/decisions.md.
 DEFAULT_SPREAD_GAMMA = 2.0
 # The paper's federated experiments (Section 4.2), for gamma_scale='absolute'.
 PAPER_GAMMA = 0.5
@@ -64,7 +64,7 @@ def _scalars_type(names):
 
 def _starting_calls(factory) -> int:
   """Secure-average calls of the factory computing the starting point; 0 for a factory
-  that does not declare them (as before: only GeometricMedianFactory does)."""
+  that does not declare them (only GeometricMedianFactory does)."""
   return getattr(factory, 'num_communication_passes', 0)
 
 
@@ -139,20 +139,10 @@ class GammaMeanFactory(iterative_steps.IterativeAggregationFactory):
   when the estimate moves by far more than the inliers' spread (the first iteration
   after a mean pulled by one client at 1e20). Every σ² is at least the floor.
 
-  Why a γ scaled by the spread (measured with numpy on 20 clients, 19 from N(μ, σ²I)
-  with σ ∈ {1e-3, 1, 1e3}, p ∈ {10, 1000, 100000}, distances in units of the honest
-  clients' RMS distance s to their mean m; worst of 5 seeds, 3 iterations from the
-  mean): with the absolute γ = 0.5 of the paper,
-  exp(−γ/2 ‖x − μ‖²) underflows float32 already for p = 1000, σ = 1 (every weight 0:
-  the plain mean was returned), and at σ = 1e-3 every weight is ~1 (the plain mean
-  again); no absolute γ serves all scales. With γ' = γ/p and the estimated Σ, one far
-  client (×1e4 a client, or at 1e10, 1e20, 3e38 in every coordinate) ends within
-  0.070·s (identity) and 0.078·s (diagonal) of m after 3 iterations for γ = 2, against
-  0.041 / 0.044 for γ = 1 and 0.11 / 0.13 for γ = 4; but a cluster of 5 attackers
-  3·s from the 15 others pulls γ = 1 to 0.18 / 0.36·s (p = 10) and 0.12 / 0.39·s
-  (p = 1000), γ = 1.5 to 0.06 / 0.15·s, γ = 2 to at most 0.063 / 0.088·s. On clean
-  N(0, 1) clients γ = 2 ends 0.10·s (p = 10) from their mean. Hence γ = 2 by default:
-  the best worst case over both attacks, at a small cost in efficiency.
+  Why γ is scaled by the spread, and why γ = 2: an absolute γ underflows every weight
+  (or keeps every weight ~1) unless the updates happen to be on the scale it suits,
+  and γ = 2 has the best worst case over one far client and a cluster of attackers
+  (docs/decisions.md, "The γ-mean's γ is relative to the clients' spread").
 
   Initial point μ₀: `'mean'` (one call, weights α_i) or `'geometric_median'` (the
   passes of `geometric_median_factory`, default
@@ -243,11 +233,9 @@ class GammaMeanFactory(iterative_steps.IterativeAggregationFactory):
       variance_floor: lower bound (> 0) on every σ², so that coordinates on which all
         clients agree do not divide by zero. Default: the smallest normal number of
         the values' float type (1.2e-38 for float32), so that the result stays
-        scale-equivariant while σ² is a normal number. The earlier absolute
-        floor 1e-12 capped the weights' contrast once the updates' per-coordinate
-        spread σ fell below ~3e-7, a size late-training updates reach: at σ = 1e-8
-        one client 10 RMS spreads s away moved the estimate by 0.50·s, as far as it
-        moves the plain mean, against 0.07·s (p = 10) and 0.009·s (p = 1000) now.
+        scale-equivariant while σ² is a normal number (an absolute floor caps the
+        weights' contrast once the updates' spread falls near it:
+        docs/decisions.md).
       gamma_scale: 'spread' (γ relative to the estimated spread; the default) or
         'absolute' (the paper's γ; the default with `gamma_per_dimension`).
 

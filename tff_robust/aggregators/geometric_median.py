@@ -27,7 +27,7 @@ DEFAULT_INITIAL_POINT = 'trimmed'
 # The state entry of `initial_point='previous'`: the last `next`'s result.
 PREVIOUS_AGGREGATE = 'previous_aggregate'
 # ν relative to the clients' robust typical distance (`tff_robust.aggregators.robust_scale`): the
-# default. Chosen by the worst case of the invariant study (see the class docstring).
+# default (why 0.2: docs/decisions.md).
 DEFAULT_RELATIVE_NU = 0.2
 PAPER_NU = 1e-6  # Paper D.2.3: an absolute ν, one argument away (`nu=PAPER_NU`).
 DEFAULT_TOLERANCE = 1e-6
@@ -135,52 +135,46 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
   update, any structure of float tensors, treated as one vector) and a weight α_i
   (e.g. the number of examples), and returns at SERVER an approximate minimizer of
   g(v) = Σ_i α_i ‖v − w_i‖ (Pillutla et al., "Robust Aggregation for Federated
-  Learning", https://arxiv.org/abs/1912.13445). It is an *iterative secure
-  aggregate*: the server learns nothing but the outputs of `num_communication_passes`
-  (R) calls of `inner_mean_factory` and sums of per-client scalars and histograms.
+  Learning", https://arxiv.org/abs/1912.13445, Algorithms 2 and 3). It is an
+  *iterative secure aggregate*: the server learns nothing but the outputs of
+  `num_communication_passes` (R) calls of `inner_mean_factory` and sums of
+  per-client scalars and histograms.
 
   Start (`initial_point`):
 
   *   'trimmed' (default; R ≥ 2): pass 1 is the α-weighted mean m; pass 2 the
-      α-weighted mean of the clients nearest to m that hold half of the weight (their
-      distances to m summed into a histogram of quarter-octave buckets of d / D̄, D̄
-      the α-weighted mean distance, so that the buckets move and scale with the
-      clients). Both are translation-, rotation- and scale-equivariant, so the whole
-      estimate is; the trimmed mean lies with the larger group of clients (breakdown
-      point 1/2, to within the bucket width: a group 2^(1/4) times farther from m
-      than the weighted median distance is left out) from which Weiszfeld's linear
-      rate converges in few passes.
-  *   'mean': the paper's Algorithm 2 start, the weighted mean (with `nu=PAPER_NU`
-      this is Algorithm 2 exactly). Far from the median when a corrupted group is
-      far away: Weiszfeld then needs many passes.
-  *   'zero': pass 1 a Weiszfeld step from v = 0, the current model (Algorithm 3,
-      one-step RFA, for R = 1). Not translation-equivariant: far from the median
-      when the honest clients agree on an update far from zero.
-  *   'previous': pass 1 a Weiszfeld step from the previous `next`'s result, which
-      the state carries at SERVER (zero before the first call).
+      α-weighted mean of the clients nearest to m that hold half of the weight (from
+      a secure-summed histogram of their distances to m in quarter-octave buckets of
+      d / D̄, D̄ the α-weighted mean distance); pass 3 a Weiszfeld step over the
+      clients within about twice the weighted median distance to that trimmed mean.
+      Translation-, rotation- and scale-equivariant, breakdown point 1/2.
+  *   'mean': pass 1 is the weighted mean (with `nu=PAPER_NU`: Algorithm 2 exactly).
+  *   'zero': pass 1 is a Weiszfeld step from v = 0, the current model (R = 1:
+      Algorithm 3, one-step RFA).
+  *   'previous': pass 1 is a Weiszfeld step from the previous `next`'s result,
+      which the state carries at SERVER (zero before the first call).
 
   Every later pass broadcasts the current v; each client computes its own weight
-  β_i = α_i / max(ν, ‖v − w_i‖) over the whole model structure (times the common ν,
-  `weiszfeld_beta`) and the inner factory returns Σ β_i w_i / Σ β_i (β in float64, so
-  a float64 model is aggregated in float64 and a client at 3e38 keeps its tiny
-  weight).
+  β_i = α_i·ν / max(ν, ‖v − w_i‖) over the whole structure (`weiszfeld_beta`, in
+  float64) and the inner factory returns Σ β_i w_i / Σ β_i. The floor ν is
+  `relative_nu` (0.2) × the clients' robust typical distance to v
+  (`tff_robust.aggregators.robust_scale`, one secure sum of a small histogram before
+  each Weiszfeld step), or the absolute `nu` (the paper's 1e-6: `nu=PAPER_NU`).
 
-  Smoothing ν: relative by default, `relative_nu` (0.2) × the clients' robust
-  typical distance to the broadcast v (`tff_robust.aggregators.robust_scale`, one
-  secure sum of a small histogram before each Weiszfeld step), so that no client
-  closer to v than the others weighs more than α/(0.2·typical distance) and the
-  result does not depend on the units of the updates. `nu` is an absolute floor
-  instead (the paper's 1e-6: `nu=PAPER_NU`).
-
-  Stopping: TFF computations have no data-dependent loop, so all passes always run;
-  once the relative gradient ‖∇g_ν(v⁽ʳ⁻¹⁾)‖ / Σα = ‖v⁽ʳ⁾ − v⁽ʳ⁻¹⁾‖·Σβ/Σα (in [0, 1],
-  0 at the median, invariant to shifts and scalings) is at most `tolerance`, v⁽ʳ⁾ is
-  kept and the later passes' results are discarded; `tolerance=0` applies every pass.
+  Stopping: a TFF computation has no data-dependent loop, so all passes always run;
+  once the relative gradient ‖∇g_ν(v⁽ʳ⁻¹⁾)‖ / Σα = ‖v⁽ʳ⁾ − v⁽ʳ⁻¹⁾‖·Σβ/(ν·Σα) (in
+  [0, 1], 0 at the median, invariant to shifts and scalings) is at most `tolerance`,
+  v⁽ʳ⁾ is kept and the later passes' results are discarded; `tolerance=0` applies
+  every pass.
 
   Inputs must be finite: wrap the factory in `tff_robust.NonfiniteFilteringFactory`
   (`build_robust_federated_aggregation_process` and `tasks.registry` do) to give a NaN
   or infinite client weight 0. If every weight is zero the result is zero (with the
-  default inner factory). docs/decisions.md has the measurements behind the defaults.
+  default inner factory).
+
+  Why the defaults are the trimmed start, the relative ν and this stopping rule (they
+  keep the estimate with the larger group of clients wherever the clients are):
+  docs/decisions.md, with the measurements and the commands that repeat them.
 
   The process's `next` has type signature
   `(<state, {value}@CLIENTS, {weight}@CLIENTS> -> <state, value@SERVER, measurements>)`
@@ -220,7 +214,8 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
   `max_effective_weight` uses `tff.federated_max` of the clients' scalar weights; the
   relative ν and the trimmed start's radius `tff.federated_sum`s of the clients'
   one-hot log-distance histograms, and its unit D̄ a sum of client scalars (they
-  reveal the distribution of the distances, not whose they are).
+  reveal the distribution of the distances, not whose they are; in a DP
+  configuration these are `tff_robust.aggregators.privacy.SIDE_CHANNELS`).
   """
 
   # Bumped when a default changes the results: runs in ledgers keyed by an older
@@ -302,7 +297,7 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
                          doc='ν relative to the robust scale, or None if absolute.')
   tolerance = property(lambda self: self._tolerance, doc='The freezing tolerance.')
   initial_point = property(lambda self: self._initial_point,
-                           doc="'mean', 'zero' or 'previous'.")
+                           doc="'trimmed', 'mean', 'zero' or 'previous'.")
   inner_mean_factory = property(lambda self: self._inner, doc='The inner mean.')
   report_max_effective_weight = property(lambda self: self._report_max_weight)
   report_objective = property(lambda self: self._report_objective)
@@ -323,11 +318,15 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
   *   'floor' (relative ν only, before every step from an estimate): ν from the sum
       of the clients' histograms of distances to the estimate (to zero for the zero
       start's pass 1).
-  *   'first': pass 1, one inner mean with β_i = α_i / max(ν, ‖w_i − v‖) from v = 0
-      or the previous aggregate (β_i = α_i for the mean start), and Σα for the
-      relative gradients.
-  *   'weiszfeld' (passes 2, ..., R): β_i and g_ν(v) from the broadcast v, one inner
-      mean, and the freezing rule at SERVER.
+  *   'first': pass 1, one inner mean with β_i = α_i·ν / max(ν, ‖w_i − v‖) from
+      v = 0 or the previous aggregate (β_i = α_i for the mean and trimmed starts),
+      and Σα for the relative gradients.
+  *   'spread', 'radius', 'trim' (the trimmed start): D̄, the half-weight radius's
+      histogram and pass 2, the α-weighted mean of the clients within that radius;
+      then 'near' and 'restricted' (R ≥ 3): ν and the near clients' histogram in one
+      round, and pass 3, the Weiszfeld step over those clients.
+  *   'weiszfeld' (the remaining passes up to R): β_i and g_ν(v) from the broadcast
+      v, one inner mean, and the freezing rule at SERVER.
   *   'objective' (with `report_objective`): g_ν of the final estimate, a sum of
       client scalars (after a 'floor' of its own for the mean start's single pass).
 
@@ -794,7 +793,7 @@ def one_step_geometric_median_factory(
     report_objective: bool = True,
     relative_nu: Optional[float] = None,
 ) -> GeometricMedianFactory:
-  """One-step RFA (Algorithm 3): one inner-mean call with β_i = α_i / max(ν, ‖w_i‖).
+  """One-step RFA (Algorithm 3): one inner-mean call with β_i ∝ α_i / max(ν, ‖w_i‖).
 
   ν is relative to the clients' robust typical norm by default (one federated sum of
   a small histogram before the mean); `nu=geometric_median.PAPER_NU` is the paper's

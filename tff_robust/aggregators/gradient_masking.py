@@ -21,7 +21,7 @@ def _map(fn, *structures):
 def agreement_dtype(dtype: tf.DType) -> tf.DType:
   """The dtype of A_j and m_j for a tensor of `dtype`: float64 for float64 values, so
   that a float64 structure is masked to float64 accuracy (a float32 mask would round
-  e.g. A = 7/20 with a relative error of ~1e-8); float32 otherwise, as before."""
+  e.g. A = 7/20 with a relative error of ~1e-8); float32 otherwise."""
   return tf.float64 if dtype == tf.float64 else tf.float32
 
 
@@ -37,8 +37,8 @@ def mask_statistics(agreement, tau):
   """(fraction of A_j below τ, mean of A_j), float32 scalars, over all tensors.
 
   Whether A_j < τ is decided in A's own dtype, as the mask is, so the reported
-  fraction counts exactly the damped coordinates; the float32 reductions are those of
-  the float32-only version, bit for bit.
+  fraction counts exactly the damped coordinates; both statistics are reduced in
+  float32 whatever A's dtype.
   """
   flat = [tf.reshape(a, [-1]) for a in tf.nest.flatten(agreement)]
   below_tau = tf.concat([tf.cast(a < tau, tf.float32) for a in flat], axis=0)

@@ -6,7 +6,7 @@ tolerance=1e-6)` and, in older versions, `build_stateless_robust_aggregation(
 model_type, num_communication_passes=5, tolerance=1e-6)`. There, `tolerance` is the
 smoothing ν of the smoothed Weiszfeld algorithm, the first pass is the weighted mean
 and every pass is applied. `tff_robust.GeometricMedianFactory` calls ν `nu`, uses
-`tolerance` for an early stop and starts from the zero update by default, so the same
+`tolerance` for an early stop and starts from a trimmed mean by default, so the same
 call means something else; it refuses a positive `tolerance` without `nu` for that
 reason. The entry points here take the original's arguments and build
 `GeometricMedianFactory(num_communication_passes, nu=tolerance, tolerance=0,

@@ -143,7 +143,7 @@ class DifferentiallyPrivateWeightedMeanFactory(unit_weights.WeightedOrUnweighted
     `<weighted_value=value_type in float32, weight=float32>`, the member of the one
     client-to-server sum the Gaussian mechanism noises."""
     # tensorflow-privacy clips with a float32 bound over tensors of one dtype: float64
-    # and mixed-precision models failed to build. Records are float32; the result
+    # and mixed-precision records would not build. Records are float32; the result
     # has the value's own dtypes.
     dtype = _RECORD_DTYPE
     template = iterative_mean.type_template(value_type)

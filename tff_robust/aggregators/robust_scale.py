@@ -1,33 +1,20 @@
 """A robust, scale-equivariant typical distance of the clients, from one secure sum.
 
-The smoothed Weiszfeld step needs a floor ν on the distances of the clients to the
-current estimate. An absolute ν (the paper's 1e-6) depends on the units of the updates,
-and a client closer than the others' distance divided by the number of clients
-(a free rider's zero update at the zero start) takes almost all the weight. A ν
-relative to the clients' typical distance is neither: this module computes that
-typical distance without revealing any single client's distance.
+The smoothed Weiszfeld step of `tff_robust.GeometricMedianFactory` floors the
+clients' distances to the broadcast estimate at ν = `relative_nu` × this scale of
+those distances, so that ν follows the units of the updates and no client close to
+the estimate weighs more than about α/ν. It is computed without revealing any single
+client's distance.
 
 Every client adds its weight α_i and α_i·log2(d_i) into the bucket ⌊log2 d_i⌋ of two
 vectors of `NUM_BUCKETS` entries (one-hot, so their sum over clients is a weighted
 histogram of log-distances); the server finds the bucket of the α-weighted lower
 tercile (`QUANTILE` = 1/3: a third of the weight is closer) and returns the
 α-weighted geometric mean of the distances in that bucket and its `WINDOW` neighbours
-on each side (within a factor 2^WINDOW = 16 of the tercile).
-
-Why the tercile and not the median: the two ways to corrupt the scale do not cost
-the same. Clients close to the estimate that pull the scale down make ν small, and
-at worst the estimate stays near them for the round (the paper's absolute ν pins it
-so). Clients far away that pull the scale up make ν larger than the honest clients'
-distances, which caps their weights at α/ν while the far clients keep α/distance:
-the Weiszfeld step then becomes a weighted mean that moves by up to ν, i.e. toward
-the far clients by a fraction of their distance, and one round can destroy the
-model. The median takes the far clients' distance as soon as they hold half of the
-weight, which a round of 10 clients sampled at ρ = 0.25 does about once in 12: on
-the leaderboard (EMNIST linear, optimal IPM/ALIE at ρ = 0.25, corrupted rows at
-~10^3–10^4 times the honest norm) the median-scaled GM and one-step RFA lost 2 of 3
-seeds to such rounds (accuracy at chance), where the paper's ν moved by a bounded
-step. The lower tercile needs more than two thirds of the weight far away to be
-inflated, and a third of it near the estimate to be deflated.
+on each side (within a factor 2^WINDOW = 16 of the tercile). The tercile, not the
+median, because far clients that inflate the scale can wreck a round and must then
+hold more than two thirds of the weight (docs/decisions.md, "The robust scale is
+taken around the lower tercile").
 
 Properties (tested in `tests/tff_robust/aggregators/test_robust_scale.py` and
 `tests/tff_robust/aggregators/test_gm_invariants.py`):
@@ -41,8 +28,7 @@ Properties (tested in `tests/tff_robust/aggregators/test_robust_scale.py` and
     fixed grid, so a client between 1/32 and 1/16 (or 16 and 32 times) of the
     tercile's bucket may enter or leave the window when everything is scaled by a c
     that is not a power of 2: the scale then moves by at most a factor
-    2^(5·α_i/Σα) (e.g. 19 agreeing clients and one at 0.05 of their norm, scaled by
-    1.7: one-step RFA's result moved by 3%, the 3-pass GM's by 1e-4).
+    2^(5·α_i/Σα).
 *   Secure-aggregation compatible: one `tff.federated_sum` of a `[2, NUM_BUCKETS]`
     float64 array, no model value. It reveals the weighted histogram of the
     distances to the server (a client alone in its bucket reveals its α and its
@@ -53,6 +39,10 @@ Properties (tested in `tests/tff_robust/aggregators/test_robust_scale.py` and
 The buckets cover the distances of float32 models; those of a float64 model
 (`float64=True`) span float64's exponents, so a 1e200 outlier among clients at 1e50
 still lands in its own bucket.
+
+The module also holds the trimmed start's half-weight radius: a histogram of the
+clients' distances to the mean in quarter-octave buckets of d / D̄
+(`client_radius_histogram`, `half_weight_bucket`, `bucket_upper_edge`).
 """
 
 import numpy as np
@@ -69,8 +59,8 @@ NUM_BUCKETS = 320
 FLOAT64_LOWEST_EXPONENT = -1080
 FLOAT64_NUM_BUCKETS = 2130
 WINDOW = 4
-# The fraction of the weight closer than the scale's bucket (module docstring: why
-# not the median).
+# The fraction of the weight closer than the scale's bucket (why not the median:
+# docs/decisions.md).
 QUANTILE = 1.0 / 3.0
 
 

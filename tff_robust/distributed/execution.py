@@ -303,7 +303,7 @@ class _FailFastStub(tff.framework.RemoteExecutorStub):
   call fails and when the context closes) never waits for it: one attempt, at most
   `unavailable_timeout` long, errors ignored, and none while the worker is failing. So
   a program whose worker died stops about `unavailable_timeout` after the death, not
-  that long again for every pending call and cached executor (issue 39).
+  that long again for every pending call and cached executor.
   """
 
   def __init__(self, address: str, channel, unavailable_timeout: float,
@@ -831,10 +831,11 @@ class DistributedContext(tff.framework.SyncContext):
         context of the driver's own (`private_local_execution().async_context`),
         so that no worker receives another's partial sums; None: on the first
         worker (which then receives every other worker's).
-      keep_round_values: whether `keep_on_workers` keeps values on the workers
-        (the pass-by-pass aggregations then send each client's update to its worker
-        once per round); False: it returns them as they are and every call sends
-        its arguments (the behaviour before issue 39, for comparison).
+      keep_round_values: whether `keep_on_workers` and `invoke_keeping` keep values
+        on the workers (the pass-by-pass aggregations then send each client's update
+        to its worker once per round; the default); False: they return the values
+        themselves and every call sends all of its arguments (more bytes per round,
+        the same results; `benchmarks.distributed_round_time` compares the two).
 
     Raises:
       TypeError: for a limit of the wrong type (e.g. a float `max_message_bytes`).
