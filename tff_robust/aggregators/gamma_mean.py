@@ -48,13 +48,31 @@ _START_SUMS = ('moment', 'alpha')
 # written there; the value (and the diagonal variant's squares) and the distances
 # are unbounded above.
 _MEAN_BOUND = contributions.pair(contributions.UNBOUNDED, contributions.EQUAL_TO_ALPHA)
-_ITERATION_WEIGHT_BOUND = contributions.pair(contributions.UNBOUNDED,
-                                             contributions.AT_MOST_ALPHA)
 _START_BOUND = contributions.fields(contributions.NONNEGATIVE,
                                     contributions.EQUAL_TO_ALPHA)
 _ITERATION_BOUND = contributions.fields(
     contributions.AT_MOST_ALPHA, contributions.NONNEGATIVE, contributions.FLAG,
     contributions.EQUAL_TO_ALPHA, contributions.NONNEGATIVE)
+
+
+def _iteration_pair_bound(gamma: float, headroom: float) -> contributions.Bound:
+  """An iteration's (x, weight) for Σ = σ²I, from the broadcast estimate ⟨μ, σ², B⟩:
+  weight = α·exp(−γ/2·(D − s)) capped at α, D = ‖x − μ‖²/σ², s = max(B − headroom,
+  0), so weight·‖x − μ‖ ≤ α·σ·max(√s, e^{−(1 − γs)/2}/√γ if 1/γ > s)."""
+
+  def admits(pair, alpha, estimate):
+    estimate = numerics.as_nest(estimate)
+    shift = tf.maximum(tf.cast(estimate['bound'], tf.float64) - headroom, 0.0)
+    peak = tf.where(1.0 / gamma > shift,
+                    tf.exp(-(1.0 - gamma * shift) / 2.0) / math.sqrt(gamma),
+                    tf.constant(0.0, tf.float64))
+    limit = tf.sqrt(tf.cast(estimate['scale'], tf.float64)) * tf.maximum(
+        tf.sqrt(shift), peak)
+    return contributions.weighted_distance_within(pair[0], pair[1], alpha,
+                                                  estimate['mean'], limit)
+
+  return contributions.Bound('weight ∈ [0, α], weight·‖x − μ‖ ≤ α·σ·max(√s, ...)',
+                             admits)
 
 
 def _scalars_type(names):
@@ -512,6 +530,9 @@ class GammaSteps(iterative_steps.IterativeSteps):
       return numerics.as_nest(estimate)['mean']
 
     self.estimate_type = estimate_type
+    self._iteration_bound = (contributions.pair(contributions.UNBOUNDED,
+                                                contributions.AT_MOST_ALPHA)
+                             if diagonal else _iteration_pair_bound(gamma, headroom))
     self._start_client = start_client
     self._centered_moment = centered_moment
     self._mean_estimate = mean_estimate
@@ -578,10 +599,11 @@ class GammaSteps(iterative_steps.IterativeSteps):
     (the same one where every weight underflowed) and <underflow, capped clients,
     retained weight>."""
     estimate = carry['estimate']
-    step = tff.federated_map(
-        self._client_step, (tff.federated_broadcast(estimate), value, alpha))
+    estimate_at_clients = tff.federated_broadcast(estimate)
+    step = tff.federated_map(self._client_step, (estimate_at_clients, value, alpha))
     output = contributions.mean_of('gamma_mean', self._inner, carry['inner'], step[0],
-                                   step[1], alpha, _ITERATION_WEIGHT_BOUND)
+                                   step[1], alpha, self._iteration_bound,
+                                   (estimate_at_clients,))
     advanced = tff.federated_map(self._advance, (
         estimate, output.result,
         contributions.sum_of('iteration_sums', step[2], alpha, _ITERATION_BOUND)))

@@ -706,18 +706,6 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
         measurements=tff.federated_zip(measurements))
 
 
-def _within(value, beta, alpha, center, limit):
-  """β ∈ [0, α] and β·‖w − v‖ ≤ α·limit (v = 0 for `center` None), with a margin for
-  float32 rounding."""
-  beta, alpha = tf.cast(beta, tf.float64), tf.cast(alpha, tf.float64)
-  distance = (numerics.global_l2_norm(value) if center is None
-              else numerics.global_l2_distance(value, center))
-  return tf.reduce_all([
-      tf.reduce_all([tf.reduce_all(tf.math.is_finite(x)) for x in tf.nest.flatten(value)]),
-      tf.math.is_finite(beta), beta >= 0, beta <= alpha,
-      beta * distance <= alpha * tf.cast(limit, tf.float64) * (1.0 + 1e-5)])
-
-
 def _step_bound(centered: bool) -> contributions.Bound:
   """A Weiszfeld step's (w, β) from the broadcast estimate v (`centered`; v = 0
   otherwise) and floor ν (the context): β = α·ν/max(ν, d) gives β ∈ [0, α] and
@@ -725,7 +713,7 @@ def _step_bound(centered: bool) -> contributions.Bound:
 
   def admits(pair, alpha, *context):
     center, nu = context if centered else (None, context[0])
-    return _within(pair[0], pair[1], alpha, center, nu)
+    return contributions.weighted_distance_within(pair[0], pair[1], alpha, center, nu)
 
   return contributions.Bound('β ∈ [0, α], β·‖w − v‖ ≤ α·ν', admits)
 
@@ -735,7 +723,7 @@ def _trimmed_admits(pair, alpha, center, radius):
   beta = tf.cast(pair[1], tf.float64)
   return tf.logical_and(
       tf.logical_or(tf.equal(beta, 0), tf.equal(beta, tf.cast(alpha, tf.float64))),
-      _within(pair[0], pair[1], alpha, center, radius))
+      contributions.weighted_distance_within(pair[0], pair[1], alpha, center, radius))
 
 
 # What an honest client contributes to each aggregation (`contributions`): β_i is in

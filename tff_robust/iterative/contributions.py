@@ -31,6 +31,8 @@ from typing import Callable, NamedTuple, Optional, Protocol, Sequence, Union
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_robust.common import numerics
+
 
 # Bumped when a declared bound changes what it admits: simulated results under the
 # bounds are retrained (e.g. `benchmarks.protocol_attacks`' ledger).
@@ -112,6 +114,19 @@ def norm_at_most(radius: Optional[float] = None, slack: float = 1e-5) -> Bound:
         tf.cast(limit, tf.float64) * (1.0 + slack)))
 
   return Bound('norm ≤ τ', admits)
+
+
+def weighted_distance_within(value, weight, alpha, center, limit) -> tf.Tensor:
+  """The test of an inner mean's (w, weight) that an honest client's weight bounds:
+  finite, weight ∈ [0, α] and weight·‖w − v‖ ≤ α·limit (v = 0 for `center` None),
+  with a margin for float32 rounding. A client then moves the weighted mean around
+  the broadcast v by at most α·limit / Σ weight, whatever it sends."""
+  weight, alpha = tf.cast(weight, tf.float64), tf.cast(alpha, tf.float64)
+  distance = (numerics.global_l2_norm(value) if center is None
+              else numerics.global_l2_distance(value, center))
+  return tf.reduce_all([
+      _finite(value), tf.math.is_finite(weight), weight >= 0, weight <= alpha,
+      weight * distance <= alpha * tf.cast(limit, tf.float64) * (1.0 + 1e-5)])
 
 
 def fields(*bounds: Bound) -> Bound:

@@ -151,14 +151,15 @@ class PassByPassTest(parameterized.TestCase):
     self.assertGreater(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
     self.assertLess(distances[True], 0.2 * distances[False])
 
-  @parameterized.product(name=('gm', 'one_step_gm'),
+  @parameterized.product(name=('gm', 'one_step_gm', 'gamma_mean'),
                          attack=('claim_near', 'numerator_only', 'poisoned_sums',
                                  'nan_contributions'))
   def test_under_the_bounds_no_protocol_attack_beats_the_update_attack(self, name,
                                                                        attack):
     # A Weiszfeld step's (w, β) is admitted only with β·‖w − v‖ ≤ α·ν, what an honest
-    # client's β = α·ν/max(ν, d) gives: whatever a corrupted client sends, it moves
-    # the step no more than a client at any distance with the honest β.
+    # client's β = α·ν/max(ν, d) gives (the γ-mean's weight bounds its ‖x − μ‖ alike):
+    # whatever a corrupted client sends, it moves the step no more than a client at
+    # any distance with the honest weight.
     update_only = _built(name, False)[1]
     bounded = _bounded(name, False, attack)
     for num_corrupted, shift, scale in ((1, 0.0, 1.0), (5, 100.0, 1.0),
