@@ -37,8 +37,8 @@ import tensorflow_federated as tff
 
 from baselines import gather
 from tff_robust.iterative import iterative_mean
+from tff_robust.iterative import iterative_steps
 from tff_robust.common import numerics
-from tff_robust.common import unit_weights
 
 THRESHOLD = 'clipping_threshold'
 NUM_CLIPPED = 'num_clipped'
@@ -108,7 +108,7 @@ def collect_norms(norm, weight):
                                  merge, report)
 
 
-class AdaptiveRobustClippingFactory(unit_weights.WeightedOrUnweightedFactory):
+class AdaptiveRobustClippingFactory(iterative_steps.IterativeAggregationFactory):
   """ARC: every client update clipped to the (k+1)-th largest update norm,
   k = ⌊2f(n − f)/n⌋, then any aggregator.
 
@@ -185,65 +185,75 @@ class AdaptiveRobustClippingFactory(unit_weights.WeightedOrUnweightedFactory):
       threshold = clipping_threshold(norms, f)
     return threshold, tf.reduce_sum(tf.cast(norms > threshold, tf.int32))
 
-  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def steps(self, value_type) -> iterative_steps.IterativeSteps:
+    """One pass that collects the norms and sets the threshold, then the inner
+    aggregate's passes (`iterative_steps.steps_of`: one for a factory that is not
+    iterative) on the clipped updates, so ARC(GM) runs pass by pass on workers."""
     iterative_mean.check_float_structure(value_type)
-    inner = self._inner.create(value_type, weight_type)
+    return _ClippedSteps(self, iterative_steps.steps_of(self._inner, value_type))
+
+
+class _ClippedSteps(iterative_steps.IterativeSteps):
+  """ARC's threshold pass, then `inner`'s passes on the updates clipped to it (each
+  pass clips its clients' updates again: a deployed client keeps its own)."""
+
+  def __init__(self, factory: AdaptiveRobustClippingFactory,
+               inner: iterative_steps.IterativeSteps):
+    self._inner = inner
+    self.value_type = value_type = inner.value_type
 
     @tff.tensorflow.computation(value_type)
     def client_norm(value):
       return numerics.global_l2_norm(value)
 
-    @tff.tensorflow.computation(weight_type)
+    @tff.tensorflow.computation(tf.float32)
     def kept_flag(weight):
-      # 1.0 for a client of weight > 0, decided in the weight's own dtype: a float64
-      # weight below float32's range still counts, as it does in the inner aggregator.
       return tf.cast(weight > 0, tf.float32)
 
     @tff.tensorflow.computation(_NORMS_TYPE)
     def threshold_at_server(collected):
-      return self._server_threshold(collected.norms, collected.kept)
+      return factory._server_threshold(collected.norms, collected.kept)  # pylint: disable=protected-access
 
-    @tff.tensorflow.computation(value_type, tf.float64, tf.float64)
-    def clip(value, norm, threshold):
-      return clip_to_norm(value, norm, threshold)
+    @tff.tensorflow.computation(value_type, tf.float64)
+    def clip(value, threshold):
+      return clip_to_norm(value, numerics.global_l2_norm(value), threshold)
 
-    @tff.federated_computation()
-    def init_fn():
-      return inner.initialize()
+    self._client_norm, self._kept_flag = client_norm, kept_flag
+    self._threshold_at_server, self._clip = threshold_at_server, clip
 
-    @tff.federated_computation(
-        init_fn.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS))
-    def next_fn(state, value, weight):
-      norm = tff.federated_map(client_norm, value)
-      collected = collect_norms(norm, tff.federated_map(kept_flag, weight))
-      threshold_and_count = tff.federated_map(threshold_at_server, collected)
-      threshold = threshold_and_count[0]
+  def initialize(self):
+    return self._inner.initialize()
+
+  def client_step(self, weight_type):
+    return self._inner.client_step(weight_type)
+
+  def start(self, state):
+    return {'inner': self._inner.start(state)}
+
+  def passes(self):
+    return [iterative_steps.Pass('arc_threshold', self._threshold_pass)] + [
+        self._clipped(step) for step in self._inner.passes()]
+
+  def _threshold_pass(self, carry, value, alpha):
+    collected = collect_norms(tff.federated_map(self._client_norm, value),
+                              tff.federated_map(self._kept_flag, alpha))
+    threshold_and_count = tff.federated_map(self._threshold_at_server, collected)
+    return dict(carry, threshold=threshold_and_count[0],
+                num_clipped=threshold_and_count[1])
+
+  def _clipped(self, step):
+    def run(carry, value, alpha):
       clipped = tff.federated_map(
-          clip, (value, norm, tff.federated_broadcast(threshold)))
-      output = inner.next(state, clipped, weight)
-      measurements = named_fields(output.measurements)
-      for name in (THRESHOLD, NUM_CLIPPED):
-        if name in measurements:
-          raise ValueError(f'The inner aggregator already reports {name!r}.')
-      measurements[THRESHOLD] = threshold
-      measurements[NUM_CLIPPED] = threshold_and_count[1]
-      return tff.templates.MeasuredProcessOutput(
-          state=output.state, result=output.result,
-          measurements=tff.federated_zip(measurements))
+          self._clip, (value, tff.federated_broadcast(carry['threshold'])))
+      return dict(carry, inner=step.run(carry['inner'], clipped, alpha))
 
-    return tff.templates.AggregationProcess(init_fn, next_fn)
+    return iterative_steps.Pass(f'arc.{step.name}', run)
 
-
-def named_fields(measurements) -> collections.OrderedDict:
-  """The fields of SERVER-placed measurements with named fields (empty for `()`),
-  otherwise the whole value as `inner`."""
-  member = measurements.type_signature.member
-  if isinstance(member, tff.StructType):
-    names = [name for name, _ in tff.structure.iter_elements(member)]
-    if not names:
-      return collections.OrderedDict()
-    if all(names):
-      return collections.OrderedDict((name, measurements[name]) for name in names)
-  return collections.OrderedDict(inner=measurements)
+  def finish(self, carry):
+    output = self._inner.finish(carry['inner'])
+    measurements = iterative_steps.with_measurements(
+        output.measurements, collections.OrderedDict([
+            (THRESHOLD, carry['threshold']), (NUM_CLIPPED, carry['num_clipped'])]))
+    return tff.templates.MeasuredProcessOutput(
+        state=output.state, result=output.result,
+        measurements=tff.federated_zip(measurements))

@@ -23,7 +23,6 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_robust.aggregators import nonfinite
 from tff_robust.distributed import passwise
 from tff_robust.iterative import iterative_mean
 from tff_robust.iterative import iterative_steps
@@ -45,26 +44,17 @@ class PassDropoutFactory:
 
   def create(self, value_type, weight_type) -> passwise.PasswiseProcess:
     factory = self._factory
-    filtered = isinstance(factory, nonfinite.NonfiniteFilteringFactory)
-    if filtered:
-      factory = factory.inner
     if not isinstance(factory, iterative_steps.IterativeAggregationFactory):
-      return passwise.PasswiseFactory(self._factory).create(value_type, weight_type)
+      return passwise.PasswiseFactory(factory).create(value_type, weight_type)
     iterative_mean.check_float_structure(value_type)
-    client_step = (nonfinite.client_filter(value_type, weight_type) if filtered
-                   else None)
-    passes = iterative_steps.PassByPass(factory.steps(value_type), weight_type,
-                                        client_step)
+    passes = iterative_steps.PassByPass(factory.steps(value_type), weight_type)
     calls = [0]
 
     def next_fn(state, values, weights):
       rng = np.random.default_rng([self._seed, calls[0]])
       calls[0] += 1
-      output, count, dropped, refused = self._next(passes, rng, state, values,
-                                                   weights)
+      output, dropped, refused = self._next(passes, rng, state, values, weights)
       measurements = collections.OrderedDict(output.measurements)
-      if filtered:
-        measurements[nonfinite.MEASUREMENT] = np.int32(count)
       measurements['dropped_clients'] = np.int32(dropped)
       measurements['refused'] = np.int32(refused)
       return tff.templates.MeasuredProcessOutput(output.state, output.result,
@@ -74,9 +64,9 @@ class PassDropoutFactory:
                                     len(passes.computations))
 
   def _next(self, passes, rng, state, values, weights):
-    """(output, first count, clients dropped, refused) of one round."""
+    """(output, clients dropped, refused) of one round."""
     present = list(range(len(values)))
-    server, count, refused = state, None, False
+    server, first, refused = state, None, False
     for index, computation in enumerate(passes.computations):
       if index:
         staying = [i for i in present if rng.random() >= self._rate]
@@ -86,17 +76,15 @@ class PassDropoutFactory:
           present = staying
       output = computation(server, [values[i] for i in present],
                            [weights[i] for i in present])
-      if count is None:
-        count = output.get('count')
+      first = output if first is None else first
       server = output.get('carry')
-    output = tff.templates.MeasuredProcessOutput(
-        output['state'], output['result'], output['measurements'])
+    output = passes.output(first, output)
     dropped = len(values) - len(present)
     if refused:
       output = tff.templates.MeasuredProcessOutput(
           state, tf.nest.map_structure(np.zeros_like, output.result),
           output.measurements)
-    return output, count, dropped, int(refused)
+    return output, dropped, int(refused)
 
 
 def refused_rounds(metrics_rows) -> int:

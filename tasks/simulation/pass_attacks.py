@@ -31,7 +31,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks.simulation.attacks import base
-from tff_robust.aggregators import nonfinite
 from tff_robust.aggregators import robust_scale
 from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_steps
@@ -332,10 +331,9 @@ def pass_by_pass(factory: tff.aggregators.WeightedAggregationFactory, value_type
   Raises:
     TypeError: for a factory that is not a filtered iterative aggregate.
   """
-  if not (isinstance(factory, nonfinite.NonfiniteFilteringFactory) and isinstance(
-      factory.inner, iterative_steps.IterativeAggregationFactory)):
-    raise TypeError('pass_by_pass takes the registry form of an iterative aggregate '
-                    '(NonfiniteFilteringFactory around an IterativeAggregationFactory), '
+  if not isinstance(factory, iterative_steps.IterativeAggregationFactory):
+    raise TypeError('pass_by_pass takes an iterative aggregate (e.g. the registry\'s '
+                    'NonfiniteFilteringFactory around one, a transformer of its steps), '
                     f'got {factory!r}.')
   if contribution_attack is not None and not isinstance(contribution_attack,
                                                        ContributionAttack):
@@ -347,9 +345,7 @@ def pass_by_pass(factory: tff.aggregators.WeightedAggregationFactory, value_type
     interceptor_for = lambda index, count, flags: _Tampering(  # pylint: disable=g-long-lambda
         contribution_attack, bounds, flags, index, count)
   passes = iterative_steps.PassByPass(
-      factory.inner.steps(value_type), weight_type,
-      nonfinite.client_filter(value_type, weight_type),
-      flags_type=tff.TensorType(np.bool_) if simulated else None,
+      factory.steps(value_type), weight_type, flags_type=tff.TensorType(np.bool_) if simulated else None,
       interceptor_for=interceptor_for)
   shapes = [tuple(leaf.shape) for leaf in _leaf_types(value_type)]
   single_tensor = isinstance(value_type, tff.TensorType)
@@ -361,7 +357,7 @@ def pass_by_pass(factory: tff.aggregators.WeightedAggregationFactory, value_type
     rng = rng if rng is not None else np.random.default_rng()
     attack = attack if attack is not None else contribution_attack
     flags = ([[np.bool_(c) for c in corrupted]] if simulated else [])
-    server, count, refused = state, None, 0
+    server, first, refused = state, None, 0
     num_passes = len(passes.computations)
     for index, computation in enumerate(passes.computations):
       rows, alphas = updates.copy(), weights.copy()
@@ -370,17 +366,14 @@ def pass_by_pass(factory: tff.aggregators.WeightedAggregationFactory, value_type
             index, num_passes, updates, weights, corrupted, rng)
       output = computation(server, [_structure(r, shapes, single_tensor) for r in rows],
                            [np.float32(a) for a in alphas], *flags)
-      if count is None:
-        count = output.get('count')
+      first = output if first is None else first
       if 'intercepted' in output:
         refused += int(output['intercepted']['refused'])
       server = output.get('carry')
-    measurements = dict(output['measurements'])
-    measurements[nonfinite.MEASUREMENT] = np.int32(count)
+    output = passes.output(first, output)
     if bounds:
-      measurements[REFUSED_MEASUREMENT] = np.int32(refused)
-    return tff.templates.MeasuredProcessOutput(output['state'], output['result'],
-                                               measurements)
+      output.measurements[REFUSED_MEASUREMENT] = np.int32(refused)
+    return output
 
   return PassByPassAggregation(passes.initialize, aggregate, len(passes.computations))
 

@@ -18,6 +18,7 @@ from tests.helpers import aggregator_cases as cases
 from tests.helpers import least_squares as ls
 from tests.tff_robust.aggregators import test_privacy as privacy
 import tff_robust
+from tff_robust.distributed import passwise
 from tff_robust.iterative import iterative_mean
 
 
@@ -161,6 +162,21 @@ class CompositionTest(parameterized.TestCase):
     beta = w / np.maximum(1e-6, np.linalg.norm(clipped, axis=1))
     np.testing.assert_allclose(result, beta @ clipped / beta.sum(), rtol=1e-5)
     self.assertIn('num_secure_average_calls', output.measurements)
+
+  def test_arc_of_the_gm_runs_pass_by_pass_as_its_fused_process(self):
+    # ARC is a transformer of its inner aggregate's steps: on workers (one
+    # computation per pass) it is the same aggregate, with nothing to unwrap.
+    factory = registry.aggregator_from_name(
+        'arc+gm', wrapper_args={'arc': {'num_byzantine': 2}})
+    x, w = huge_norm_attackers(1e6), cases.random_weights()
+    fused, fused_output = cases.run(
+        factory.create(cases.VALUE_TYPE, cases.WEIGHT_TYPE), x, w)
+    process = passwise.PasswiseFactory(factory).create(cases.VALUE_TYPE,
+                                                        cases.WEIGHT_TYPE)
+    self.assertGreater(process.computations_per_call, 3)
+    result, output = cases.run(process, x, w)
+    np.testing.assert_allclose(result, fused, rtol=1e-6)
+    self.assertEqual(list(output.measurements), list(fused_output.measurements))
 
   @parameterized.named_parameters(
       ('not_a_factory', lambda: arc.AdaptiveRobustClippingFactory(

@@ -21,14 +21,14 @@ import collections
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
-from tff_robust.common import unit_weights
+from tff_robust.iterative import iterative_mean
+from tff_robust.iterative import iterative_steps
 
 MEASUREMENT = 'num_nonfinite_clients'
 
 
-class NonfiniteFilteringFactory(unit_weights.WeightedOrUnweightedFactory):
+class NonfiniteFilteringFactory(iterative_steps.IterativeAggregationFactory):
   """Gives weight 0 and a zero update to every client whose update holds a NaN or an
   infinity or whose weight is negative, subnormal (below float32's smallest normal
   number) or non-finite, counts them, and aggregates with `inner` (weights as
@@ -46,6 +46,11 @@ class NonfiniteFilteringFactory(unit_weights.WeightedOrUnweightedFactory):
 
   The inner aggregator sees only finite values; a client it receives with weight 0 and
   a zero update is one it should ignore (the gathering baselines leave such rows out).
+
+  It is a transformer of steps: `steps(value_type)` are the inner aggregate's
+  (`iterative_steps.steps_of`: one pass for a factory that is not iterative) with the
+  filter as their `client_step`, so the fused process filters once and the
+  pass-by-pass drivers filter in every pass, with nothing to unwrap.
   """
 
   def __init__(self, inner: tff.aggregators.WeightedAggregationFactory):
@@ -63,34 +68,39 @@ class NonfiniteFilteringFactory(unit_weights.WeightedOrUnweightedFactory):
     """As the inner factory declares: the wrapper adds only a sum of client flags."""
     return bool(getattr(self._inner, 'secure_compatible', False))
 
-  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def steps(self, value_type) -> iterative_steps.IterativeSteps:
     iterative_mean.check_float_structure(value_type)
-    inner = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
-    filter_clients = client_filter(value_type, weight_type)
+    return _FilteredSteps(iterative_steps.steps_of(self._inner, value_type))
 
-    @tff.federated_computation()
-    def init_fn():
-      return inner.initialize()
 
-    @tff.federated_computation(
-        init_fn.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS))
-    def next_fn(state, value, weight):
-      value, weight, num_dropped = filter_clients(value, weight)
-      output = inner.next(state, value, weight)
-      return tff.templates.MeasuredProcessOutput(
-          state=output.state, result=output.result,
-          measurements=tff.federated_zip(with_count(output.measurements, num_dropped)))
+class _FilteredSteps(iterative_steps.IterativeSteps):
+  """`inner`'s steps with the filter as their client step."""
 
-    return tff.templates.AggregationProcess(init_fn, next_fn)
+  def __init__(self, inner: iterative_steps.IterativeSteps):
+    self._inner = inner
+    self.value_type = inner.value_type
+
+  def initialize(self):
+    return self._inner.initialize()
+
+  def start(self, state):
+    return self._inner.start(state)
+
+  def passes(self):
+    return self._inner.passes()
+
+  def finish(self, carry):
+    return self._inner.finish(carry)
+
+  def client_step(self, weight_type):
+    return client_filter(self.value_type, weight_type)
 
 
 def client_filter(value_type, weight_type):
-  """The filter as a federated step, to call inside a `tff.federated_computation`:
-  `(value, weight) at CLIENTS → (value, float32 weight) at CLIENTS, num_dropped (int32)
-  at SERVER`, dropped clients (a non-finite update, an unusable weight) with weight 0
-  and a zero update."""
+  """The filter as a client step (`IterativeSteps.client_step`), to call inside a
+  `tff.federated_computation`: `(value, weight) at CLIENTS → (value, float32 weight)
+  at CLIENTS, {MEASUREMENT: int32 count at SERVER}`, dropped clients (a non-finite
+  update, an unusable weight) with weight 0 and a zero update."""
 
   @tff.tensorflow.computation(value_type, weight_type)
   def finite_weight(client_value, client_weight):
@@ -107,39 +117,6 @@ def client_filter(value_type, weight_type):
     weight_and_dropped = tff.federated_map(finite_weight, (value, weight))
     dropped = weight_and_dropped[1]
     return (tff.federated_map(finite_value, (value, dropped)), weight_and_dropped[0],
-            tff.federated_sum(dropped))
+            collections.OrderedDict([(MEASUREMENT, tff.federated_sum(dropped))]))
 
   return filter_clients
-
-
-def with_count(measurements, num_dropped) -> collections.OrderedDict:
-  """The inner measurements (a SERVER-placed structure) kept flat, plus
-  `num_nonfinite_clients`."""
-  return with_measurements(measurements, {MEASUREMENT: num_dropped})
-
-
-def with_measurements(measurements, extra) -> collections.OrderedDict:
-  """The inner measurements (a SERVER-placed structure) kept flat (a structure that
-  is not named under `inner`), plus the SERVER values of `extra` by name, after them.
-
-  Raises:
-    ValueError: if the inner measurements already hold one of the names.
-  """
-  fields = _named_fields(measurements)
-  for name, value in extra.items():
-    if name in fields:
-      raise ValueError(f'The inner aggregator already reports {name!r}.')
-    fields[name] = value
-  return fields
-
-
-def _named_fields(measurements) -> collections.OrderedDict:
-  """The fields of a SERVER-placed named structure, or the whole value as `inner`."""
-  member = measurements.type_signature.member
-  if isinstance(member, tff.StructType):
-    names = [name for name, _ in tff.structure.iter_elements(member)]
-    if names and all(names):
-      return collections.OrderedDict((name, measurements[name]) for name in names)
-    if not names:
-      return collections.OrderedDict()
-  return collections.OrderedDict(inner=measurements)

@@ -24,7 +24,6 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_robust.aggregators import nonfinite
 from tff_robust.common import arguments
 from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_mean
@@ -190,6 +189,9 @@ class _CappedSteps(iterative_steps.IterativeSteps):
   def initialize(self):
     return self._inner.initialize()
 
+  def client_step(self, weight_type):
+    return self._inner.client_step(weight_type)
+
   def start(self, state):
     return {'inner': self._inner.start(state)}
 
@@ -227,7 +229,7 @@ class _CappedSteps(iterative_steps.IterativeSteps):
   def finish(self, carry):
     output = self._inner.finish(carry['inner'])
     cap = tff.federated_map(_as_float32, carry['cap'])
-    measurements = nonfinite.with_measurements(output.measurements, collections.OrderedDict([
+    measurements = iterative_steps.with_measurements(output.measurements, collections.OrderedDict([
         (CAP_MEASUREMENT, cap), (NUM_CAPPED_MEASUREMENT, carry['num_capped'])]))
     return tff.templates.MeasuredProcessOutput(
         state=output.state, result=output.result,

@@ -49,16 +49,13 @@ runs that function when TFF cannot merge the computation, so `process.next(state
 data)` works unchanged on the workers.
 """
 
-import collections
 from typing import Callable, Optional
 import weakref
 
-import numpy as np
 import tensorflow_federated as tff
 
 from tff_robust.iterative import iterative_steps
 from tff_robust.iterative import iterative_mean
-from tff_robust.aggregators import nonfinite
 
 
 class PasswiseProcess:
@@ -99,11 +96,11 @@ class PasswiseFactory:
   An `tff_robust.iterative.iterative_steps.IterativeAggregationFactory` (`GeometricMedianFactory`,
   one-step RFA, `GammaMeanFactory`, `SecureCenteredClippingFactory`) runs its own
   steps with `tff_robust.iterative.iterative_steps.PassByPass`, one computation per pass (their
-  docstrings list the passes). It may be wrapped in
-  `tff_robust.NonfiniteFilteringFactory` (as `tasks.registry` does): every pass then
-  filters its clients first and the first pass's count is reported as the wrapper
-  reports it. Any other factory runs as its own single computation; an unweighted one
-  ignores the weights (TFF's `tff.aggregators.factory_utils.as_weighted_aggregator`).
+  docstrings list the passes), and so do the wrappers that transform steps
+  (`tff_robust.NonfiniteFilteringFactory`, which filters the clients first in every
+  pass and reports the first pass's count, `tff_robust.WeightCappingFactory`). Any
+  other factory runs as its own single computation; an unweighted one ignores the
+  weights (TFF's `tff.aggregators.factory_utils.as_weighted_aggregator`).
   """
 
   def __init__(self, factory: tff.aggregators.WeightedAggregationFactory):
@@ -121,17 +118,11 @@ class PasswiseFactory:
 
   def create(self, value_type, weight_type) -> PasswiseProcess:
     factory = self._factory
-    filtered = isinstance(factory, nonfinite.NonfiniteFilteringFactory)
-    if filtered:
-      factory = factory.inner
     if isinstance(factory, iterative_steps.IterativeAggregationFactory):
       iterative_mean.check_float_structure(value_type)
-      client_step = (nonfinite.client_filter(value_type, weight_type) if filtered
-                     else None)
-      passes = iterative_steps.PassByPass(factory.steps(value_type), weight_type, client_step)
-      next_fn = _reporting_count(passes.next, filtered)
+      passes = iterative_steps.PassByPass(factory.steps(value_type), weight_type)
       return PasswiseProcess(passes.initialize,
-                             _keeping_clients(next_fn, value_type, weight_type),
+                             _keeping_clients(passes.next, value_type, weight_type),
                              len(passes.computations))
     process = self._factory.create(value_type, weight_type)
     return PasswiseProcess(process.initialize,
@@ -154,21 +145,6 @@ def _keeping_clients(next_fn, value_type, weight_type):
       return next_fn(state, values, weights)
 
   return next_keeping
-
-
-def _reporting_count(next_fn, filtered: bool):
-  """`next_fn` whose measurements get `num_nonfinite_clients` appended, as
-  `NonfiniteFilteringFactory` appends it, when the factory was filtered."""
-  if not filtered:
-    return lambda state, value, weight: next_fn(state, value, weight)[0]
-
-  def next_with_count(state, value, weight):
-    output, num_dropped = next_fn(state, value, weight)
-    measurements = collections.OrderedDict(output.measurements)
-    measurements[nonfinite.MEASUREMENT] = np.int32(num_dropped)
-    return tff.templates.MeasuredProcessOutput(output.state, output.result, measurements)
-
-  return next_with_count
 
 
 class Equivalent:

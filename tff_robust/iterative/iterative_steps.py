@@ -87,6 +87,16 @@ class IterativeSteps(abc.ABC):
     """`MeasuredProcessOutput(state, result, measurements)` of the call, each a
     federated value at SERVER, from the carry after the last pass."""
 
+  def client_step(self, weight_type) -> Optional[Callable]:
+    """None, or what the clients do before the passes: `(value, weight) at CLIENTS →
+    (value, float32 α at CLIENTS, {name: SERVER value})`, the dict reported after
+    `finish`'s measurements (e.g. the non-finite filter's count). The fused process
+    runs it once; pass by pass, every pass runs it first (a deployed client keeps its
+    update between passes, so every pass sees the same verdict) and the first pass's
+    dict is reported. A wrapper of steps passes its inner steps' on."""
+    del weight_type
+    return None
+
 
 def fused_process(steps: IterativeSteps,
                   weight_type) -> tff.templates.AggregationProcess:
@@ -95,29 +105,72 @@ def fused_process(steps: IterativeSteps,
   measurements@SERVER>)` with `steps`' state, result and measurements."""
 
   init_fn = _initialize(steps)
+  client_step = _client_step(steps, weight_type)
 
   @tff.federated_computation(
       init_fn.type_signature.result,
       tff.FederatedType(steps.value_type, tff.CLIENTS),
       tff.FederatedType(weight_type, tff.CLIENTS))
   def next_fn(state, value, weight):
-    alpha = iterative_mean.float32_weights(weight_type, weight)
+    value, alpha, reported = client_step(value, weight)
     carry = steps.start(state)
     for step in steps.passes():
       carry = step.run(carry, value, alpha)
-    return steps.finish(carry)
+    output = steps.finish(carry)
+    if not reported:
+      return output
+    return tff.templates.MeasuredProcessOutput(
+        output.state, output.result,
+        tff.federated_zip(with_measurements(output.measurements, reported)))
 
   return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def _client_step(steps: IterativeSteps, weight_type) -> Callable:
+  """`steps.client_step`, or the weights as float32 and nothing reported."""
+  step = steps.client_step(weight_type)
+  if step is not None:
+    return step
+  return lambda value, weight: (
+      value, iterative_mean.float32_weights(weight_type, weight), None)
+
+
+def with_measurements(measurements, extra) -> collections.OrderedDict:
+  """The measurements (a SERVER-placed structure) kept flat (a structure that is not
+  named under `inner`), plus the SERVER values of `extra` by name, after them.
+
+  Raises:
+    ValueError: if the measurements already hold one of the names.
+  """
+  fields = _named_fields(measurements)
+  for name, value in extra.items():
+    if name in fields:
+      raise ValueError(f'The inner aggregator already reports {name!r}.')
+    fields[name] = value
+  return fields
+
+
+def _named_fields(measurements) -> collections.OrderedDict:
+  """The fields of a SERVER-placed named structure, or the whole value as `inner`."""
+  member = measurements.type_signature.member
+  if isinstance(member, tff.StructType):
+    names = [name for name, _ in tff.structure.iter_elements(member)]
+    if names and all(names):
+      return collections.OrderedDict((name, measurements[name]) for name in names)
+    if not names:
+      return collections.OrderedDict()
+  return collections.OrderedDict(inner=measurements)
 
 
 class PassByPass:
   """The calls of `steps` as one TFF computation per pass, driven from Python.
 
   *   `initialize()`: the initial state (the fused process's).
-  *   `next(state, values, weights)` → `(MeasuredProcessOutput, count)`: the fused
-      process's output as Python/numpy values, and the first pass's count from
-      `client_step` (None without one). `values` and `weights` hold one entry per
+  *   `next(state, values, weights)` → `MeasuredProcessOutput`: the fused process's
+      output as Python/numpy values. `values` and `weights` hold one entry per
       client.
+  *   `output(first, last)`: that output from the results of the first and the last
+      computation (for a driver that calls `computations` itself).
   *   `computations`: the computations one `next` calls, in order (the same object
       where passes share a name and the structure of their carry).
 
@@ -127,19 +180,14 @@ class PassByPass:
   """
 
   def __init__(self, steps: IterativeSteps, weight_type,
-               client_step: Optional[Callable] = None,
                flags_type: Optional[tff.Type] = None,
                interceptor_for: Optional[Callable] = None):
     """Builds the computations.
 
     Args:
-      steps: the aggregate's `IterativeSteps`.
+      steps: the aggregate's `IterativeSteps` (their `client_step` runs first in
+        every pass).
       weight_type: the clients' weight type.
-      client_step: what every pass does first at CLIENTS, `(value, weight) →
-        (value, float32 α, count at SERVER or None)` (e.g. the non-finite filter,
-        `tff_robust.aggregators.nonfinite.client_filter`); default: the weights as float32. A
-        deployment's client keeps its update between passes, so every pass sees the
-        same verdict; the first pass's count is reported.
       flags_type, interceptor_for: for a simulation of the clients' contributions
         (`tff_robust.iterative.contributions`): every computation takes a fourth
         argument, one value of `flags_type` per client, and pass `index` of `n` is
@@ -149,9 +197,7 @@ class PassByPass:
     """
     if (flags_type is None) != (interceptor_for is None):
       raise ValueError('Pass flags_type and interceptor_for together.')
-    if client_step is None:
-      client_step = lambda value, weight: (  # pylint: disable=g-long-lambda
-          value, iterative_mean.float32_weights(weight_type, weight), None)
+    client_step = _client_step(steps, weight_type)
     self._steps = steps
 
     self._initialize = _initialize(steps)
@@ -185,14 +231,21 @@ class PassByPass:
     return self._initialize()
 
   def next(self, state, values, weights, *flags):
-    server, count = state, None
+    server, first = state, None
     for computation in self.computations:
       output = computation(server, values, weights, *flags)
-      if count is None:
-        count = output.get('count')
+      first = output if first is None else first
       server = output.get('carry')
-    return tff.templates.MeasuredProcessOutput(
-        output['state'], output['result'], output['measurements']), count
+    return self.output(first, output)
+
+  @staticmethod
+  def output(first, last) -> tff.templates.MeasuredProcessOutput:
+    """The call's output: the last computation's state, result and measurements,
+    then what the first one's client step reported."""
+    measurements = collections.OrderedDict(last['measurements'])
+    measurements.update(first.get('reported') or {})
+    return tff.templates.MeasuredProcessOutput(last['state'], last['result'],
+                                               measurements)
 
 
 def _initialize(steps: IterativeSteps) -> tff.Computation:
@@ -213,7 +266,7 @@ def _pass_computation(steps, step, server_type, template, last, clients, client_
   traced = {}
 
   def run_pass(server, value, weight, flags):
-    value, alpha, count = client_step(value, weight)
+    value, alpha, reported = client_step(value, weight)
     carry = steps.start(server) if template is None else _unflatten(server, template)
     interceptor = intercept(flags) if intercept is not None else None
     with (contributions.intercepted(interceptor) if interceptor is not None
@@ -230,8 +283,8 @@ def _pass_computation(steps, step, server_type, template, last, clients, client_
       leaves, traced['template'] = _flatten(carry)
       result['carry'] = tff.federated_zip(collections.OrderedDict(
           (f'c{i}', leaf) for i, leaf in enumerate(leaves)))
-    if template is None and count is not None:
-      result['count'] = count
+    if template is None and reported:
+      result['reported'] = tff.federated_zip(collections.OrderedDict(reported))
     return result
 
   if intercept is None:

@@ -192,7 +192,7 @@ class PassByPassTest(parameterized.TestCase):
 
   def test_rejects_what_is_not_an_iterative_aggregate(self):
     with self.assertRaisesRegex(TypeError, 'iterative'):
-      pass_attacks.pass_by_pass(registry.aggregator_from_name('median'), VALUE_TYPE)
+      pass_attacks.pass_by_pass(tff.aggregators.MeanFactory(), VALUE_TYPE)
 
 
 if __name__ == '__main__':

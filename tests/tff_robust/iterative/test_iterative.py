@@ -233,7 +233,7 @@ class NestedTest(parameterized.TestCase):
     passes = iterative_steps.PassByPass(Outer(), WEIGHT_TYPE)
     self.assertLen(passes.computations, 4)
     for output in (fused.next(fused.initialize(), values, weights),
-                   passes.next(passes.initialize(), values, weights)[0]):
+                   passes.next(passes.initialize(), values, weights)):
       np.testing.assert_allclose(_vector(output.result), center, rtol=1e-5)
       np.testing.assert_allclose(output.measurements['toy']['weight_sums'], sums,
                                  rtol=1e-5)
