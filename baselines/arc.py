@@ -193,14 +193,14 @@ class AdaptiveRobustClippingFactory(iterative_steps.IterativeAggregationFactory)
     return _ClippedSteps(self, iterative_steps.steps_of(self._inner, value_type))
 
 
-class _ClippedSteps(iterative_steps.IterativeSteps):
+class _ClippedSteps(iterative_steps.WrappedSteps):
   """ARC's threshold pass, then `inner`'s passes on the updates clipped to it (each
   pass clips its clients' updates again: a deployed client keeps its own)."""
 
   def __init__(self, factory: AdaptiveRobustClippingFactory,
                inner: iterative_steps.IterativeSteps):
-    self._inner = inner
-    self.value_type = value_type = inner.value_type
+    super().__init__(inner)
+    value_type = inner.value_type
 
     @tff.tensorflow.computation(value_type)
     def client_norm(value):
@@ -220,15 +220,6 @@ class _ClippedSteps(iterative_steps.IterativeSteps):
 
     self._client_norm, self._kept_flag = client_norm, kept_flag
     self._threshold_at_server, self._clip = threshold_at_server, clip
-
-  def initialize(self):
-    return self._inner.initialize()
-
-  def client_step(self, weight_type):
-    return self._inner.client_step(weight_type)
-
-  def start(self, state):
-    return {'inner': self._inner.start(state)}
 
   def passes(self):
     return [iterative_steps.Pass('arc_threshold', self._threshold_pass)] + [

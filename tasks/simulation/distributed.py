@@ -82,6 +82,7 @@ class MergeableFedAvgClientWork:
                context: Optional[distributed.DistributedContext] = None,
                client_data: Optional[worker_data.ClientDataDirectory] = None):
     weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
+    self._shuffles = task.client_spec.shuffle_buffer_size > 1
     loop_implementation = client_work_lib.SIMULATION_LOOP
     optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
     # TFF's process, for its initial hyperparameters and types (never run).
@@ -162,8 +163,15 @@ class MergeableFedAvgClientWork:
     self._client_data.export(client_ids)
     keys = []
     for client_id, dataset in zip(client_ids, datasets):
-      # The seeds TF drew for this dataset's shuffle (none: not shuffled).
-      seed, seed2 = task_lib.shuffle_seeds(dataset) or (0, 0)
+      # The seeds TF drew for this dataset's shuffle (none: the task does not shuffle).
+      seeds = task_lib.shuffle_seeds(dataset)
+      if seeds is None and self._shuffles:
+        raise RuntimeError(
+            f'Client {client_id!r}: its dataset shuffles, but its shuffle seeds could '
+            'not be read (tasks.builders.task.shuffle_seeds found no _ShuffleDataset: '
+            'has TensorFlow renamed it?); the workers would train on other batches. '
+            'Port shuffle_seeds to this TensorFlow, or run without client_data.')
+      seed, seed2 = seeds or (0, 0)
       keys.append(collections.OrderedDict(
           client_id=client_id,
           data_attack=np.int32(self._client_data.data_attack_index(

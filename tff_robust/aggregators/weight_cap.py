@@ -172,28 +172,18 @@ def _histogram(weight):
   return client_histogram(weight)
 
 
-class _CappedSteps(iterative_steps.IterativeSteps):
+class _CappedSteps(iterative_steps.WrappedSteps):
   """The histogram pass, then `inner`'s passes with every α capped."""
 
   def __init__(self, inner: iterative_steps.IterativeSteps, quantile: float,
                multiple: float):
-    self._inner = inner
-    self.value_type = inner.value_type
+    super().__init__(inner)
 
     @tff.tensorflow.computation(tff.TensorType(np.int32, [NUM_BUCKETS]))
     def cap(histogram):
       return cap_from_histogram(histogram, quantile, multiple)
 
     self._cap = cap
-
-  def initialize(self):
-    return self._inner.initialize()
-
-  def client_step(self, weight_type):
-    return self._inner.client_step(weight_type)
-
-  def start(self, state):
-    return {'inner': self._inner.start(state)}
 
   def passes(self):
     inner_passes = list(self._inner.passes())

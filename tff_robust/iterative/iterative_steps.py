@@ -340,6 +340,25 @@ def nested(steps: IterativeSteps, key: str) -> list[Pass]:
   return [inside(step) for step in steps.passes()]
 
 
+class WrappedSteps(IterativeSteps):
+  """Base of a transformer of steps (a wrapper's): `inner`'s state and client step,
+  the carry's `inner` entry holding `inner`'s carry. A subclass defines `passes`
+  (`inner`'s, transformed, and its own) and `finish`."""
+
+  def __init__(self, inner: IterativeSteps):
+    self._inner = inner
+    self.value_type = inner.value_type
+
+  def initialize(self):
+    return self._inner.initialize()
+
+  def client_step(self, weight_type):
+    return self._inner.client_step(weight_type)
+
+  def start(self, state):
+    return {'inner': self._inner.start(state)}
+
+
 class ProcessSteps(IterativeSteps):
   """Any aggregation process as steps of one pass, its `next` (e.g. the γ-mean's
   starting point from a factory that is not iterative). Pass by pass that is one
