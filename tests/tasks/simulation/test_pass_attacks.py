@@ -6,6 +6,7 @@ bounds."""
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow_federated as tff
 
 from tasks import registry
@@ -108,17 +109,6 @@ class PassByPassTest(parameterized.TestCase):
     self.assertGreater(np.linalg.norm(result - honest_mean),
                        5 * np.linalg.norm(honest_mean))
 
-  @parameterized.product(name=ITERATIVE, capped=(False, True), shift=(0.0, 1e3))
-  def test_the_bounds_admit_every_honest_contribution(self, name, capped, shift):
-    process, _ = _built(name, capped)
-    x, weights = _inputs()
-    x = x + shift
-    weights[0] *= 50.0  # a client far above the cap
-    expected, _ = _fused(process, x, weights)
-    actual, output = _by_pass(_bounded(name, capped, None), x, weights, None)
-    self.assertEqual(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
-    np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6 * (1 + shift))
-
   @parameterized.product(name=ITERATIVE, capped=(False, True))
   def test_bounded_nan_contributions_are_a_client_that_sent_nothing(self, name,
                                                                     capped):
@@ -151,6 +141,37 @@ class PassByPassTest(parameterized.TestCase):
     self.assertGreater(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
     self.assertLess(distances[True], 0.2 * distances[False])
 
+  def test_without_the_bounds_a_claim_moves_the_gm(self):
+    x, weights = _inputs()
+    honest_mean = x[~CORRUPTED].mean(axis=0)
+    update_only, _ = _by_pass(_built('gm', False)[1], x, weights,
+                              pass_attacks.LateSwitch(from_pass=0))
+    claimed, _ = _by_pass(_bounded('gm', False, 'claim_near', bounds=False), x,
+                          weights, None)
+    self.assertGreater(np.linalg.norm(claimed - honest_mean),
+                       5 * np.linalg.norm(update_only - honest_mean))
+
+  def test_rejects_what_is_not_an_iterative_aggregate(self):
+    with self.assertRaisesRegex(TypeError, 'iterative'):
+      pass_attacks.pass_by_pass(tff.aggregators.MeanFactory(), VALUE_TYPE)
+
+
+# Each case traces one computation per pass of a bounded aggregate (~3 CPU-min).
+@pytest.mark.slow
+class ProtocolBoundsGridTest(parameterized.TestCase):
+  """The bounds across aggregators, caps and geometries."""
+
+  @parameterized.product(name=ITERATIVE, capped=(False, True), shift=(0.0, 1e3))
+  def test_the_bounds_admit_every_honest_contribution(self, name, capped, shift):
+    process, _ = _built(name, capped)
+    x, weights = _inputs()
+    x = x + shift
+    weights[0] *= 50.0  # a client far above the cap
+    expected, _ = _fused(process, x, weights)
+    actual, output = _by_pass(_bounded(name, capped, None), x, weights, None)
+    self.assertEqual(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
+    np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6 * (1 + shift))
+
   @parameterized.product(name=('gm', 'one_step_gm', 'gamma_mean'),
                          attack=('claim_near', 'numerator_only', 'poisoned_sums',
                                  'nan_contributions'))
@@ -179,20 +200,6 @@ class PassByPassTest(parameterized.TestCase):
         distances.append(np.linalg.norm(np.asarray(output.result, np.float64) - median))
       self.assertLessEqual(distances[1], distances[0] + 0.05 * spread,
                            (num_corrupted, shift, scale))
-
-  def test_without_the_bounds_a_claim_moves_the_gm(self):
-    x, weights = _inputs()
-    honest_mean = x[~CORRUPTED].mean(axis=0)
-    update_only, _ = _by_pass(_built('gm', False)[1], x, weights,
-                              pass_attacks.LateSwitch(from_pass=0))
-    claimed, _ = _by_pass(_bounded('gm', False, 'claim_near', bounds=False), x,
-                          weights, None)
-    self.assertGreater(np.linalg.norm(claimed - honest_mean),
-                       5 * np.linalg.norm(update_only - honest_mean))
-
-  def test_rejects_what_is_not_an_iterative_aggregate(self):
-    with self.assertRaisesRegex(TypeError, 'iterative'):
-      pass_attacks.pass_by_pass(tff.aggregators.MeanFactory(), VALUE_TYPE)
 
 
 if __name__ == '__main__':
