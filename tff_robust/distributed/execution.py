@@ -95,6 +95,10 @@ from tensorflow_federated.python.core.backends.native import mergeable_comp_comp
 from tensorflow_federated.python.core.impl.execution_contexts import compiler_pipeline
 from tensorflow_federated.python.core.impl.execution_contexts import (
     mergeable_comp_execution_context as mergeable)
+from tensorflow_federated.python.core.environments.tensorflow_backend import (
+    tensorflow_tree_transformations)
+from tensorflow_federated.python.core.impl.compiler import building_blocks
+from tensorflow_federated.python.core.impl.compiler import transformations
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
 from tensorflow_federated.python.core.impl.executors import cardinalities_utils
 from tensorflow_federated.python.core.impl.executors import cardinality_carrying_base
@@ -889,24 +893,19 @@ class DistributedContext(tff.framework.SyncContext):
 
     Raises:
       ValueError: for a computation with aggregations depending on one another and
-        no equivalent ("Detected one aggregate dependent on another"), with a hint.
+        no equivalent; its first line is a hint (tff_robust's builders).
     """
     equivalent = passwise.equivalent(comp)
     if equivalent is not None and equivalent.mergeable is False:
       return self._run_equivalent(equivalent, arg)
     try:
       form = self._compiler.compile(comp)
-    except ValueError as e:
-      if _DEPENDENT_AGGREGATES not in str(e):
+    except ValueError:
+      dependent = _dependent_aggregations(comp)
+      if not dependent:
         raise
       if equivalent is None:
-        raise ValueError(
-            f'{e}\nThe workers run one round of aggregation per computation. Drive '
-            'an iterative aggregate with tff_robust.passwise.PasswiseFactory, and '
-            'build learning processes with tff_robust\'s builders (e.g. '
-            'tff_robust.build_process_with_aggregator instead of '
-            'tff.learning.algorithms.build_weighted_fed_avg), whose `next` runs '
-            'pass by pass here.') from e
+        raise ValueError(_not_mergeable_message(dependent)) from None
       equivalent.mergeable = False
       return self._run_equivalent(equivalent, arg)
     if equivalent is not None:
@@ -1045,8 +1044,37 @@ class DistributedContext(tff.framework.SyncContext):
     self._invokers = []
 
 
-# What TFF's compiler says of a computation whose aggregations depend on one another.
-_DEPENDENT_AGGREGATES = 'dependent on another'
+def _is_aggregation(node) -> bool:
+  return (isinstance(node, building_blocks.Intrinsic) and
+          bool(node.intrinsic_def().aggregation_kind))
+
+
+def _dependent_aggregations(comp) -> list:
+  """The aggregation calls of `comp` that take another aggregation's result: what
+  keeps TFF's compiler from building its mergeable form, found as that compiler
+  finds them (on the call-dominant form of `comp` with its intrinsics lowered)."""
+  tree = mergeable_comp_compiler._ensure_lambda(  # pylint: disable=protected-access
+      comp.to_building_block())
+  tree, _ = tensorflow_tree_transformations.replace_intrinsics_with_bodies(tree)
+  tree = building_blocks.Lambda(tree.parameter_name, tree.parameter_type,
+                                transformations.to_call_dominant(tree.result))
+  return tree_analysis._extract_calls_with_fn_consuming_arg(  # pylint: disable=protected-access
+      tree, fn_predicate=_is_aggregation, arg_predicate=_is_aggregation)
+
+
+def _not_mergeable_message(dependent) -> str:
+  """A one-line hint, then why the computation cannot run on the workers."""
+  uris = collections.Counter(call.function.uri for call in dependent)
+  return (
+      'Build learning processes with tff_robust.build_process_with_aggregator (it '
+      'takes build_weighted_fed_avg\'s arguments) and drive aggregation processes '
+      'with tff_robust.passwise.PasswiseFactory: TFF\'s mergeable workers run one '
+      'round of aggregation per computation.\n'
+      'This computation\'s aggregations depend on one another (TFF\'s compiler: '
+      '"Detected one aggregate dependent on another"): '
+      + ', '.join(f'{n} × {uri}' for uri, n in sorted(uris.items())) +
+      ' take the result of an earlier one. tff_robust\'s builders register a '
+      '`next` that runs here as one computation per round of aggregation.')
 
 
 def _shards(value, type_spec, num_shards: int) -> list:
