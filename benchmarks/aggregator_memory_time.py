@@ -59,30 +59,30 @@ import time
 from absl import app
 from absl import flags
 import numpy as np
-import tensorflow as tf
-import tensorflow_federated as tff
 
-from benchmarks import fail_fast
 from tasks import registry
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
-from tasks.simulation import gathered
-from tasks.simulation import in_process
 from tasks.simulation import leaderboard
-from tff_robust import distributed
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients per aggregation.')
 _PARAMETERS = flags.DEFINE_integer('parameters', 6_400_000, 'float32 per update.')
 _CALLS = flags.DEFINE_integer(
     'calls', 2, 'Timed calls per aggregator (0, with --one only: the peak of one call).',
     lower_bound=0)
-# Every registry aggregator, then the leaderboard's wrapped ones (their cost is the
-# wrapper's plus the inner aggregator's on a smaller matrix).
-DEFAULT_AGGREGATORS = list(registry.known_aggregators()) + [
-    name for name in leaderboard.DEFAULT_AGGREGATORS if '+' in name]
+
+
+def default_aggregators() -> list[str]:
+  """Every registry aggregator, then the leaderboard's wrapped ones (their cost is
+  the wrapper's plus the inner aggregator's on a smaller matrix)."""
+  return list(registry.known_aggregators()) + [
+      name for name in leaderboard.default_aggregators() if '+' in name]
+
+
+_ALL = 'all'
 _AGGREGATORS = flags.DEFINE_list(
-    'aggregators', DEFAULT_AGGREGATORS, 'Registry names (wrapper+name too) measured '
-    'against the mean (default: every aggregator and the leaderboard\'s wrapped ones).')
+    'aggregators', [_ALL], 'Registry names (wrapper+name too) measured against the '
+    f'mean; {_ALL}: every aggregator and the leaderboard\'s wrapped ones.')
 _OUTPUT = flags.DEFINE_string(
     'output', None, 'Also write the table as markdown here (e.g. '
     'results/aggregator_memory_time.md), rewritten after every row.')
@@ -98,7 +98,7 @@ _PATHS = flags.DEFINE_list(
     'through TFF\'s worker as the loop did before); with --one, the first.')
 
 GENERATE_ONLY = 'generate_only'
-flag_groups.validate_aggregator_names('aggregators')
+flag_groups.validate_aggregator_names('aggregators', also=(_ALL,))
 flag_groups.validate_aggregator_names('one', also=(GENERATE_ONLY,))
 flags.register_multi_flags_validator(
     ['calls', 'one'], lambda values: values['calls'] > 0 or values['one'] is not None,
@@ -112,6 +112,9 @@ def client_computations(num_parameters):
   Two computations: selecting the update out of a (update, weight) struct at CLIENTS
   would copy every update once more.
   """
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  import tensorflow_federated as tff
 
   @tff.tensorflow.computation(np.int32)
   def make_update(seed):
@@ -127,6 +130,7 @@ def client_computations(num_parameters):
 
 def aggregation_from_seeds(process, num_parameters):
   """(state, seeds@CLIENTS) → `process.next` on the updates generated from the seeds."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   make_update, make_weight = client_computations(num_parameters)
 
   @tff.federated_computation(process.next.type_signature.parameter[0],
@@ -141,6 +145,7 @@ def aggregation_from_seeds(process, num_parameters):
 def generation_only(num_parameters):
   """seeds@CLIENTS → the largest first coordinate: the updates are made, not
   aggregated."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   make_update, _ = client_computations(num_parameters)
 
   @tff.tensorflow.computation(make_update.type_signature.result)
@@ -166,6 +171,11 @@ def python_updates(num_clients, num_parameters):
 def measure_one(name, num_clients, num_parameters, num_calls, path, *, worker_pids):
   """Time and peak memory of `name`'s aggregation in this process and the TFF
   workers `worker_pids()` names."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
+  from benchmarks import fail_fast
+  from tasks.simulation import gathered
+  from tasks.simulation import in_process
   seeds = list(range(num_clients))
   # Each call's inputs, made before its timer starts: on the simulation path a fresh
   # round of updates, which a gathering baseline's in-process step consumes.
@@ -210,6 +220,9 @@ def _measure_and_print_one(path):
   """Prints the JSON line of `measure_one`, or one with an `error` (and exits with
   status 1) when the worker died, e.g. killed for memory: TFF's own context would
   restart it and rerun the call without end."""
+  # pylint: disable=g-import-not-at-top
+  from benchmarks import fail_fast
+  from tff_robust import distributed
   with fail_fast.fail_fast_worker() as workers:
     try:
       result = measure_one(_ONE.value, _CLIENTS.value, _PARAMETERS.value, _CALLS.value,
@@ -269,6 +282,7 @@ def main(argv):
   if _ONE.value:
     _measure_and_print_one(paths[0])
     return
+  flag_groups.expand_aggregator_groups({_ALL: default_aggregators})
   names = ['mean'] + [n for n in _AGGREGATORS.value if n != 'mean']
   print(f'{_heading()}; peak: the worker\'s (worker path), Python + worker '
         '(simulation path):')

@@ -66,10 +66,6 @@ from benchmarks import link_emulation
 from tasks import builders
 from tasks import registry
 from tasks.binaries import exit_status
-from tasks.simulation import client_work as client_work_lib
-from tasks.simulation import distributed as distributed_simulation
-from tasks.simulation import loop
-from tasks.simulation import worker_data
 from tff_robust import distributed
 from tff_robust.distributed import runtime
 
@@ -215,6 +211,11 @@ def _wait_for_line(process, log: str, word: str) -> None:
 
 def _drive(addresses, credentials, network) -> None:
   """The driver: every configuration, interleaved, then the tables."""
+  # pylint: disable=g-import-not-at-top
+  from tasks.simulation import client_work as client_work_lib
+  from tasks.simulation import distributed as distributed_simulation
+  from tasks.simulation import loop
+  from tasks.simulation import worker_data
   task = builders.build_task(
       'emnist', _MODEL.value, source='bundled',
       client_spec=builders.ClientSpec(num_epochs=_EPOCHS.value, batch_size=50,

@@ -19,14 +19,11 @@ import csv
 import os
 import sys
 
-from absl import app
 from absl import flags
 
 from tasks import registry
+from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
-from tasks.simulation import dropout
-from tasks.simulation import experiment
-from tasks.simulation import loop
 from tff_robust.distributed import runtime
 
 FLAGS = flags.FLAGS
@@ -46,6 +43,10 @@ _COMMAND = ('.venv/bin/python -m benchmarks.dropout_curve '
 
 
 def _run(task, aggregator, attack, rate):
+  # pylint: disable=g-import-not-at-top
+  from tasks.simulation import dropout
+  from tasks.simulation import experiment
+  from tasks.simulation import loop
   name = f'{aggregator}_{attack}_rate{rate}'
   factory = dropout.dropout_factory(registry.aggregator_from_name(aggregator),
                                     float(rate), seed=0)
@@ -92,4 +93,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  exit_status.run(main)

@@ -31,12 +31,8 @@ import time
 
 from absl import flags
 import numpy as np
-import tensorflow as tf
-import tensorflow_federated as tff
 
 from tasks.binaries import exit_status
-from tasks.simulation import in_process
-import tff_robust
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients n.', lower_bound=1)
 _PARAMETERS = flags.DEFINE_integer('parameters', 1_000_000, 'Parameters p.',
@@ -57,21 +53,32 @@ def numpy_weiszfeld(matrix: np.ndarray, alpha: np.ndarray) -> np.ndarray:
   return estimate
 
 
-@tf.function(jit_compile=True)
-def xla_weiszfeld(matrix, alpha):
-  """The passes of `numpy_weiszfeld` as one XLA computation on the matrix."""
-  estimate = tf.zeros(matrix.shape[1], tf.float32)
-  for _ in range(_PASSES):
-    distances = tf.sqrt(tf.reduce_sum(tf.math.squared_difference(matrix, estimate),
-                                      axis=1))
-    beta = alpha / tf.maximum(tf.cast(distances, tf.float64), _NU)
-    estimate = tf.linalg.matvec(matrix, tf.cast(beta / tf.reduce_sum(beta), tf.float32),
-                                transpose_a=True)
-  return estimate
+def xla_weiszfeld():
+  """The passes of `numpy_weiszfeld` as one XLA computation on the matrix: a
+  `tf.function` of (matrix, alpha)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  @tf.function(jit_compile=True)
+  def weiszfeld(matrix, alpha):
+    estimate = tf.zeros(matrix.shape[1], tf.float32)
+    for _ in range(_PASSES):
+      distances = tf.sqrt(tf.reduce_sum(tf.math.squared_difference(matrix, estimate),
+                                        axis=1))
+      beta = alpha / tf.maximum(tf.cast(distances, tf.float64), _NU)
+      estimate = tf.linalg.matvec(
+          matrix, tf.cast(beta / tf.reduce_sum(beta), tf.float32), transpose_a=True)
+    return estimate
+
+  return weiszfeld
 
 
 def main(argv):
   del argv
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  import tensorflow_federated as tff
+  from tasks.simulation import in_process
+  import tff_robust
   n, p = _CLIENTS.value, _PARAMETERS.value
   rng = np.random.default_rng(0)
   matrix = rng.normal(size=(n, p)).astype(np.float32)
@@ -95,9 +102,10 @@ def main(argv):
       in_process.FUSE_AT_MOST_BYTES = fuse_at_most_bytes
 
   matrix_tensor, alpha_tensor = tf.constant(matrix), tf.constant(alpha)
+  weiszfeld = xla_weiszfeld()
 
   def run_xla():
-    return xla_weiszfeld(matrix_tensor, alpha_tensor).numpy()
+    return weiszfeld(matrix_tensor, alpha_tensor).numpy()
 
   timings = {'in process': [], 'client by client': [], 'numpy': [], 'XLA': [],
              'one read': []}

@@ -18,9 +18,7 @@ import time
 
 from absl import flags
 import numpy as np
-import tensorflow as tf
 
-from baselines import krum
 from tasks.binaries import exit_status
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Rows (clients).', lower_bound=2)
@@ -44,6 +42,9 @@ def seconds(fn, values) -> float:
 
 def main(argv):
   del argv
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from baselines import krum
   values = tf.constant(client_matrix(_CLIENTS.value, _PARAMETERS.value))
   gram = tf.function(krum.pairwise_squared_distances)
   exact = tf.function(krum.exact_pairwise_squared_distances)

@@ -24,6 +24,8 @@ and its wall time) and every run's metrics.
   .venv/bin/python -m benchmarks.personalization --output_dir=results
 """
 
+from __future__ import annotations
+
 import json
 import os
 import time
@@ -35,10 +37,7 @@ from tasks import builders
 from tasks import registry
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
-from tasks.builders import builder_utils
 from tasks.simulation import attacks
-from tasks.simulation import client_work
-from tasks.simulation import loop
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (data split, corrupted '
                            'set, sampling, initialization); the figure shades min–max.')
@@ -94,6 +93,9 @@ def build_task(seed: int) -> builders.Task:
 def train_and_evaluate(task, method: str, aggregator: str, rho: float, seed: int,
                        ditto_lambda: float) -> dict:
   """Trains one run; its final per-client evaluation over benign clients."""
+  # pylint: disable=g-import-not-at-top
+  from tasks.simulation import client_work
+  from tasks.simulation import loop
   loop.set_random_seed(seed)
   work = client_work.client_work_from_name(method, task, ditto_lambda=ditto_lambda,
                                            personal_steps=None)
@@ -117,6 +119,7 @@ def train_and_evaluate(task, method: str, aggregator: str, rho: float, seed: int
 
 def choose_lambda(task, lambdas: list[float], seed: int) -> dict[float, float]:
   """λ → FedAvg + Ditto's mean per-client accuracy on the validation split (ρ = 0)."""
+  from tasks.builders import builder_utils  # pylint: disable=g-import-not-at-top
   tuning = builder_utils.validation_task(task, _VALIDATION_FRACTION.value, seed)
   return {lam: train_and_evaluate(tuning, 'ditto', 'mean', 0.0, seed,
                                   lam)['personalized/accuracy_mean']

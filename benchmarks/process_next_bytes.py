@@ -20,30 +20,27 @@ import collections
 import json
 import tempfile
 
-from absl import app
 from absl import flags
 import numpy as np
-import tensorflow as tf
-import tensorflow_federated as tff
 
-import tff_robust
-from tff_robust import distributed
-from tff_robust.distributed import execution
-from tff_robust.distributed import runtime
+from tasks.binaries import exit_status
 from tff_robust.distributed import worker_credentials
 
 _WORKERS = flags.DEFINE_integer('workers', 2, 'Local mutual-TLS workers.')
 _CLIENTS = flags.DEFINE_integer('clients', 10, 'Clients per round.')
 _MERGE = flags.DEFINE_enum('merge', 'driver', ['driver', 'worker'],
                            'Where the partial sums are merged.')
-_SPEC = (tf.TensorSpec([None, 784], tf.float32), tf.TensorSpec([None], tf.int32))
 
 
 def _model_fn():
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  import tensorflow_federated as tff
   keras_model = tf.keras.Sequential([tf.keras.layers.InputLayer(input_shape=(784,)),
                                      tf.keras.layers.Dense(62)])
   return tff.learning.models.from_keras_model(
-      keras_model, input_spec=_SPEC,
+      keras_model, input_spec=(tf.TensorSpec([None, 784], tf.float32),
+                               tf.TensorSpec([None], tf.int32)),
       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
@@ -94,6 +91,12 @@ class _Recorder:
 
 def main(argv):
   del argv
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  import tensorflow_federated as tff
+  import tff_robust
+  from tff_robust import distributed
+  from tff_robust.distributed import execution
   clients = _clients(_CLIENTS.value)
   datasets = [tf.data.Dataset.from_tensor_slices(c).batch(10) for c in clients]
   process = tff_robust.build_robust_federated_aggregation_process(
@@ -133,10 +136,5 @@ def main(argv):
       calls=[(name, list(t.values())) for name, t in recorder.calls])), flush=True)
 
 
-def _main(argv):
-  with runtime.worker_binaries_stopped():
-    main(argv)
-
-
 if __name__ == '__main__':
-  app.run(_main)
+  exit_status.run(main)

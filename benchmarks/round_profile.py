@@ -42,12 +42,8 @@ import time
 from absl import flags
 
 from tasks.binaries import exit_status
+from tasks.binaries import flag_groups
 from tasks.binaries import main_job
-from tasks.simulation import client_work as client_work_lib
-from tasks.simulation import experiment
-from tasks.simulation import loop
-from tasks.simulation import rounds
-from tasks.simulation import sweep
 
 FLAGS = flags.FLAGS
 _CPROFILE = flags.DEFINE_integer('cprofile', 0, 'Also print this many functions of '
@@ -107,7 +103,12 @@ class _TimedProcess:
 
 def install(timer: PhaseTimer) -> None:
   """Wraps the phases of the simulation harness with `timer`."""
-  # pylint: disable=protected-access
+  # pylint: disable=g-import-not-at-top,protected-access
+  from tasks.simulation import client_work as client_work_lib
+  from tasks.simulation import experiment
+  from tasks.simulation import loop
+  from tasks.simulation import rounds
+  from tasks.simulation import sweep
   sweep._train_run = timer.timed('setup', sweep._train_run)
   experiment._train = timer.timed('other', experiment._train)
   experiment._run = timer.timed('metrics + checkpoints', experiment._run)
@@ -195,4 +196,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  exit_status.run(main)
+  exit_status.run(main, header=flag_groups.print_sweep_header)

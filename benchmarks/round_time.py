@@ -23,13 +23,10 @@ import time
 
 from absl import flags
 import numpy as np
-import tensorflow_federated as tff
 
-from benchmarks import fail_fast
 from tasks import builders
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
-import tff_robust
 from tff_robust import distributed
 
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 50, 'Clients per round.')
@@ -55,6 +52,9 @@ flag_groups.define_byzantine_fraction_flag()
 
 
 def build_processes(task, names):
+  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
+  import tff_robust
   client_optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.05)
   processes = collections.OrderedDict(fed_avg=tff.learning.algorithms.build_weighted_fed_avg(
       task.model_fn, client_optimizer))
@@ -73,6 +73,7 @@ def build_processes(task, names):
 
 def main(argv):
   del argv
+  from benchmarks import fail_fast  # pylint: disable=g-import-not-at-top
   worker_flags = ([f'--max_concurrent_computation_calls={_CONCURRENT_CLIENTS.value}']
                   if _CONCURRENT_CLIENTS.value else [])
   with fail_fast.fail_fast_worker(worker_flags) as workers:

@@ -29,18 +29,13 @@ and with `adaptive_weight`.
 
 import collections
 
-from absl import app
 from absl import flags
 import numpy as np
-import tensorflow_federated as tff
 
 from tasks import builders
 from tasks import references
 from tasks import registry
-from tasks.simulation import loop
-from tasks.simulation import pass_attacks
-from tff_robust.aggregators import weight_cap
-from tff_robust.distributed import runtime
+from tasks.binaries import exit_status
 
 _ROUNDS = flags.DEFINE_integer('rounds', 2000, 'Sampled rounds per task (part 2).')
 _PARTS = flags.DEFINE_list('parts', ['attack', 'passes', 'cost'],
@@ -70,6 +65,7 @@ def _aggregate(process, x, weights):
 
 
 def attack_table():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   tff.backends.test.set_sync_test_cpp_execution_context()
   value_type = tff.TensorType(np.float32, [DIMENSION])
   weight_type = tff.TensorType(np.float32)
@@ -117,6 +113,9 @@ PASS_ATTACKS = (
 
 
 def pass_table():
+  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
+  from tasks.simulation import pass_attacks
   tff.backends.test.set_sync_test_cpp_execution_context()
   value_type = tff.TensorType(np.float32, [DIMENSION])
   x, weights = weight_attack_inputs()
@@ -189,6 +188,7 @@ def accuracy_table():
   """Test accuracy after `ACCURACY_ROUNDS` rounds of EMNIST-linear (bundled), 10
   clients per round, client learning rate 0.1, seed 0, 'gm' without the cap, with it
   (2 × the median, the default) and with 4 × the median."""
+  from tasks.simulation import loop  # pylint: disable=g-import-not-at-top
   task = builders.build_task('emnist', 'linear', source='bundled')
   print('| row | cap | ' + ' | '.join(c for c, *_ in ACCURACY_ATTACKS) +
         ' | clients capped per round (clean) |')
@@ -210,6 +210,7 @@ def accuracy_table():
 
 
 def _cap_name(cap) -> str:
+  from tff_robust.aggregators import weight_cap  # pylint: disable=g-import-not-at-top
   if cap is None:
     return 'off'
   return f'{cap.get("multiple", weight_cap.DEFAULT_MULTIPLE):g} × median'
@@ -218,19 +219,18 @@ def _cap_name(cap) -> str:
 
 def main(argv):
   del argv
-  with runtime.worker_binaries_stopped():
-    if 'attack' in _PARTS.value:
-      attack_table()
-      print()
-    if 'passes' in _PARTS.value:
-      pass_table()
-      print()
-    if 'cost' in _PARTS.value:
-      cost_table(_ROUNDS.value)
-    if 'accuracy' in _PARTS.value:
-      print()
-      accuracy_table()
+  if 'attack' in _PARTS.value:
+    attack_table()
+    print()
+  if 'passes' in _PARTS.value:
+    pass_table()
+    print()
+  if 'cost' in _PARTS.value:
+    cost_table(_ROUNDS.value)
+  if 'accuracy' in _PARTS.value:
+    print()
+    accuracy_table()
 
 
 if __name__ == '__main__':
-  app.run(main)
+  exit_status.run(main)

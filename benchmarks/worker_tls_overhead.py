@@ -44,7 +44,6 @@ import time
 
 import numpy as np
 import portpicker
-import tensorflow_federated as tff
 
 from tff_robust import distributed
 from tff_robust.distributed import worker_credentials
@@ -73,6 +72,7 @@ def main(argv) -> int:
   parser.add_argument('--megabytes', type=float, default=25.0)
   parser.add_argument('--repeats', type=int, default=7)
   args = parser.parse_args(argv[1:])
+  import tensorflow_federated as tff  # After the arguments: an error comes at once.
   size = int(args.megabytes * 2**20 / 4)
   value = np.arange(size, dtype=np.float32)
 

@@ -45,34 +45,68 @@ unweighted baselines accept and ignore the weights), so any of them plugs into
 factory is secure-aggregation compatible is declared by its class
 (`secure_compatible`), never listed here.
 
-Adding an aggregator is one line in `AGGREGATORS`, a wrapper one line in `WRAPPERS`.
+Adding an aggregator is one line in `AGGREGATORS`, a wrapper one line in `WRAPPERS`
+(and its module in `_modules`, which imports them on the first build).
 What the rest of the project needs to know of them is read from the factories, never
 listed: whether one is secure-aggregation compatible (`is_secure_compatible`), gathers
 the updates (`gathers`), and which wrappers take it (`wrappable`); the leaderboard's
 default grid (`tasks.simulation.leaderboard`) is derived from these.
 """
 
-from typing import Any, Callable, Mapping, Optional
+from __future__ import annotations
 
-import tensorflow_federated as tff
+import functools
+from typing import Any, Callable, Mapping, Optional, TYPE_CHECKING
 
-from baselines import arc
-from baselines import bucketing
-from baselines import centered_clipping
-from baselines import coordinatewise
-from baselines import gather
-from baselines import geometric_median as gathered_geometric_median
-from baselines import krum
-from baselines import nnm
-from baselines import wrappers
-from tff_robust.aggregators import centered_clipping as secure_centered_clipping
-from tff_robust.aggregators import gamma_mean
-from tff_robust.aggregators import geometric_median
-from tff_robust.aggregators import gradient_masking
-from tff_robust.aggregators import nonfinite
-from tff_robust.aggregators import weight_cap as weight_cap_lib
+if TYPE_CHECKING:
+  import tensorflow_federated as tff
 
-Builder = Callable[..., tff.aggregators.WeightedAggregationFactory]
+
+@functools.cache
+def _modules() -> dict[str, Any]:
+  """The factories' modules by name, imported on the first build: naming, listing
+  and checking names needs no TensorFlow (the binaries check their flags first)."""
+  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from baselines import arc
+  from baselines import bucketing
+  from baselines import centered_clipping
+  from baselines import coordinatewise
+  from baselines import gather
+  from baselines import geometric_median as gathered_geometric_median
+  from baselines import krum
+  from baselines import nnm
+  from baselines import wrappers
+  from tff_robust.aggregators import centered_clipping as secure_centered_clipping
+  from tff_robust.aggregators import gamma_mean
+  from tff_robust.aggregators import geometric_median
+  from tff_robust.aggregators import gradient_masking
+  from tff_robust.aggregators import nonfinite
+  from tff_robust.aggregators import weight_cap as weight_cap_lib
+  return dict(locals())
+
+
+class _Lazy:
+  """`module.name` of `_modules()`, called as the builder it names."""
+
+  def __init__(self, module: str, name: str):
+    self.module, self.name = module, name
+
+  def resolve(self) -> Callable[..., Any]:
+    return getattr(_modules()[self.module], self.name)
+
+  def __call__(self, *args, **kwargs):
+    return self.resolve()(*args, **kwargs)
+
+  def __repr__(self):
+    return f'{self.module}.{self.name}'
+
+
+def _resolved(builder):
+  """The class or function `builder` (an `AGGREGATORS` or `WRAPPERS` value) is."""
+  return builder.resolve() if isinstance(builder, _Lazy) else builder
+
+
+Builder = Callable[..., 'tff.aggregators.WeightedAggregationFactory']
 
 
 # Krum's assumed fraction of corrupted clients when neither f nor a fraction is given
@@ -90,14 +124,14 @@ def _with_assumed_byzantine(kwargs, assumed_fraction):
 
 def _multi_krum(assumed_byzantine_fraction=None, **kwargs):
   kwargs.setdefault('num_selected', None)
-  return krum.KrumFactory(
+  return _modules()['krum'].KrumFactory(
       **_with_assumed_byzantine(kwargs, assumed_byzantine_fraction))
 
 
 def _krum(assumed_byzantine_fraction=None, **kwargs):
   if kwargs.get('num_selected', 1) != 1:
     raise ValueError("'krum' selects one update; use 'multi_krum' for num_selected.")
-  return krum.KrumFactory(
+  return _modules()['krum'].KrumFactory(
       **_with_assumed_byzantine(kwargs, assumed_byzantine_fraction))
 
 
@@ -110,32 +144,33 @@ _WRAPPERS_TAKING_ASSUMED_FRACTION = ('nnm', 'arc')
 def _gamma_mean_diagonal(**kwargs):
   if kwargs.setdefault('covariance', 'diagonal') != 'diagonal':
     raise ValueError("'gamma_mean_diagonal' has covariance='diagonal'.")
-  return gamma_mean.GammaMeanFactory(**kwargs)
+  return _modules()['gamma_mean'].GammaMeanFactory(**kwargs)
 
 
 AGGREGATORS: dict[str, Builder] = {
-    'mean': wrappers.mean_factory,
-    'gm': geometric_median.GeometricMedianFactory,
-    'gathered_gm': gathered_geometric_median.GatheredGeometricMedianFactory,
-    'one_step_gm': geometric_median.one_step_geometric_median_factory,
-    'gamma_mean': gamma_mean.GammaMeanFactory,
+    'mean': _Lazy('wrappers', 'mean_factory'),
+    'gm': _Lazy('geometric_median', 'GeometricMedianFactory'),
+    'gathered_gm': _Lazy('gathered_geometric_median', 'GatheredGeometricMedianFactory'),
+    'one_step_gm': _Lazy('geometric_median', 'one_step_geometric_median_factory'),
+    'gamma_mean': _Lazy('gamma_mean', 'GammaMeanFactory'),
     'gamma_mean_diagonal': _gamma_mean_diagonal,
-    'gma': gradient_masking.GradientMaskedAveragingFactory,
-    'median': coordinatewise.CoordinateWiseMedianFactory,
-    'trimmed_mean': coordinatewise.TrimmedMeanFactory,
+    'gma': _Lazy('gradient_masking', 'GradientMaskedAveragingFactory'),
+    'median': _Lazy('coordinatewise', 'CoordinateWiseMedianFactory'),
+    'trimmed_mean': _Lazy('coordinatewise', 'TrimmedMeanFactory'),
     'krum': _krum,
     'multi_krum': _multi_krum,
-    'norm_clipping': wrappers.norm_clipping_factory,
-    'centered_clipping': centered_clipping.CenteredClippingFactory,
-    'secure_centered_clipping': secure_centered_clipping.SecureCenteredClippingFactory,
+    'norm_clipping': _Lazy('wrappers', 'norm_clipping_factory'),
+    'centered_clipping': _Lazy('centered_clipping', 'CenteredClippingFactory'),
+    'secure_centered_clipping': _Lazy('secure_centered_clipping',
+                                      'SecureCenteredClippingFactory'),
 }
 
 
 # Pre-aggregation wrappers: wrapper(inner_factory, **kwargs) → factory.
-WRAPPERS: dict[str, Callable[..., tff.aggregators.WeightedAggregationFactory]] = {
-    'bucketing': bucketing.BucketingFactory,
-    'nnm': nnm.NearestNeighborMixingFactory,
-    'arc': arc.AdaptiveRobustClippingFactory,
+WRAPPERS: dict[str, Builder] = {
+    'bucketing': _Lazy('bucketing', 'BucketingFactory'),
+    'nnm': _Lazy('nnm', 'NearestNeighborMixingFactory'),
+    'arc': _Lazy('arc', 'AdaptiveRobustClippingFactory'),
 }
 SEPARATOR = '+'
 
@@ -158,13 +193,16 @@ def known_wrappers() -> tuple[str, ...]:
 def _wrapped_type(wrapper: str) -> type:
   """The factories `wrapper` wraps, as its class declares (`wraps`); any weighted
   factory for a wrapper that declares nothing."""
-  return getattr(WRAPPERS[wrapper], 'wraps', tff.aggregators.WeightedAggregationFactory)
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  return getattr(_resolved(WRAPPERS[wrapper]), 'wraps',
+                 tff.aggregators.WeightedAggregationFactory)
 
 
 def wraps_gathering_only(wrapper: str) -> bool:
   """Whether `wrapper` wraps the gathering baselines only (bucketing, NNM): directly
   inside it, a name with a gathering twin means the twin ('gm' → 'gathered_gm')."""
-  return issubclass(_wrapped_type(wrapper), gather.GatheringAggregationFactory)
+  return issubclass(_wrapped_type(wrapper),
+                    _modules()['gather'].GatheringAggregationFactory)
 
 
 def _default_factory(name: str) -> tff.aggregators.WeightedAggregationFactory:
@@ -176,7 +214,8 @@ def gathers(name: str) -> bool:
   """Whether the aggregator `name` gathers the individual client updates at the
   server (a `baselines.gather.GatheringAggregationFactory`: the gathering baselines,
   which bucketing and NNM wrap), as its factory built with default arguments does."""
-  return isinstance(_default_factory(name), gather.GatheringAggregationFactory)
+  return isinstance(_default_factory(name),
+                    _modules()['gather'].GatheringAggregationFactory)
 
 
 def wrappable(wrapper: str) -> tuple[str, ...]:
@@ -268,8 +307,8 @@ def aggregator_from_name(
       args = _with_assumed_byzantine(args, assumed_byzantine_fraction)
     factory = WRAPPERS[wrapper](factory, **args)
   if weight_cap is not None:
-    factory = weight_cap_lib.WeightCappingFactory(factory, **weight_cap)
-  return nonfinite.NonfiniteFilteringFactory(factory)
+    factory = _modules()['weight_cap_lib'].WeightCappingFactory(factory, **weight_cap)
+  return _modules()['nonfinite'].NonfiniteFilteringFactory(factory)
 
 
 def takes_assumed_byzantine_fraction(name: str) -> bool:
@@ -296,13 +335,9 @@ def check_num_clients(factory, num_clients: int) -> None:
     check = getattr(factory, 'check_num_clients', None)
     if check is not None:
       check(num_clients)
-    if isinstance(factory, bucketing.BucketingFactory):
+    if isinstance(factory, _modules()['bucketing'].BucketingFactory):
       num_clients = -(-num_clients // factory.bucket_size)
     factory = getattr(factory, 'inner', None)  # Through the wrappers.
-
-
-_FACTORY_TYPES = (tff.aggregators.WeightedAggregationFactory,
-                  tff.aggregators.UnweightedAggregationFactory)
 
 
 def results_revisions(factory) -> dict[str, int]:
@@ -311,6 +346,9 @@ def results_revisions(factory) -> dict[str, int]:
   default) bumps its `RESULTS_REVISION`, so the runs using it are retrained instead
   of taken from a ledger or resumed from checkpoints; the other runs keep their
   configurations."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  factory_types = (tff.aggregators.WeightedAggregationFactory,
+                   tff.aggregators.UnweightedAggregationFactory)
   found, pending, seen = {}, [factory], set()
   while pending:
     obj = pending.pop()
@@ -321,7 +359,7 @@ def results_revisions(factory) -> dict[str, int]:
     if revision is not None:
       found[type(obj).__name__] = revision
     pending.extend(v for v in getattr(obj, '__dict__', {}).values()
-                   if isinstance(v, _FACTORY_TYPES))
+                   if isinstance(v, factory_types))
   return dict(sorted(found.items()))
 
 

@@ -32,12 +32,6 @@ from typing import Callable, Optional
 
 from absl import app
 
-from tasks.binaries import flag_groups
-from tasks.builders import data_utils
-from tasks.builders import task as task_lib
-from tasks.simulation import experiment
-from tasks.simulation import ledger
-from tasks.simulation import run_lock
 from tff_robust.distributed import runtime
 
 FLAGS_OR_OTHER_RUN = 1
@@ -49,15 +43,30 @@ RUN_OWNED = 2
 WORKER_FAILED = 3
 
 # Errors whose message is the whole story (the file or flag, the problem and the fix),
-# with the exit status each ends the binary with.
+# as (module, class), with the exit status each ends the binary with. They are looked
+# up in the modules imported when one is raised (a module not imported yet raised
+# none), so that a binary checks its flags before importing TensorFlow.
 ONE_LINE_ERRORS = (
-    ((experiment.RunFileError, data_utils.MissingDataError,
-      data_utils.MalformedDataError, ledger.LedgerError), BAD_FILE),
-    ((run_lock.RunLockedError,), RUN_OWNED),
-    ((run_lock.RunDirectoryError,), BAD_FILE),
-    ((flag_groups.UnworkableSettingsError,), UNWORKABLE_SETTINGS),
-    ((experiment.ConfigMismatchError, task_lib.TaskError), FLAGS_OR_OTHER_RUN),
+    ((('tasks.simulation.experiment', 'RunFileError'),
+      ('tasks.builders.data_utils', 'MissingDataError'),
+      ('tasks.builders.data_utils', 'MalformedDataError'),
+      ('tasks.simulation.ledger', 'LedgerError')), BAD_FILE),
+    ((('tasks.simulation.run_lock', 'RunLockedError'),), RUN_OWNED),
+    ((('tasks.simulation.run_lock', 'RunDirectoryError'),), BAD_FILE),
+    ((('tasks.binaries.flag_groups', 'UnworkableSettingsError'),), UNWORKABLE_SETTINGS),
+    ((('tasks.simulation.experiment', 'ConfigMismatchError'),
+      ('tasks.catalog', 'TaskError')), FLAGS_OR_OTHER_RUN),
 )
+
+
+def _one_line_status(error: BaseException) -> Optional[int]:
+  """The exit status of `error` if it is one of `ONE_LINE_ERRORS`, else None."""
+  for errors, status in ONE_LINE_ERRORS:
+    for module, name in errors:
+      cls = getattr(sys.modules.get(module), name, None)
+      if cls is not None and isinstance(error, cls):
+        return status
+  return None
 
 
 # The rounds the run's checkpoints hold, as the binary last reported them
@@ -169,13 +178,16 @@ def errors_as_one_line():
   `ONE_LINE_ERRORS` raised in the block."""
   try:
     yield
-  except tuple(e for errors, _ in ONE_LINE_ERRORS for e in errors) as e:
-    exit_with(e, next(status for errors, status in ONE_LINE_ERRORS
-                      if isinstance(e, errors)))
+  except Exception as e:  # pylint: disable=broad-except
+    status = _one_line_status(e)
+    if status is None:
+      raise
+    exit_with(e, status)
 
 
 def run(main: Callable[[list[str]], None],
-        check_flags: Callable[[], None] = lambda: None) -> None:
+        check_flags: Callable[[], None] = lambda: None,
+        header: Callable[[], None] = lambda: None) -> None:
   """`absl.app.run(main)` for a binary that runs TFF computations.
 
   The binary's TFF worker_binary processes are stopped however it ends, even by
@@ -188,12 +200,21 @@ def run(main: Callable[[list[str]], None],
   errors are `ONE_LINE_ERRORS` (e.g. `flag_groups.UnworkableSettingsError`). Ctrl-C
   and SIGTERM end the binary within a second or two with one line, saying where a
   rerun resumes from (`rounds_checkpointed`), and status 130 or 143.
+
+  The flags are parsed and checked before TensorFlow is imported; then `header()`
+  prints the run's first line, and TensorFlow is imported, before `main`. Not inside
+  `main`: imported after absl's initialization, TensorFlow creates its eager context
+  in graph mode (`tensorflow.python.distribute.combinations` runs its
+  `app.call_after_init` callback at once) and Keras models fail to build
+  ("Attempt to convert a value (None)" in `Flatten`).
   """
 
   def parse_flags(argv):
     argv = app.parse_flags_with_usage(argv)
     with errors_as_one_line():
       check_flags()
+    header()
+    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
     return argv
 
   def guarded_main(argv):

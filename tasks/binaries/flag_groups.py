@@ -12,28 +12,37 @@ of the task and the `SweepSpec` these flags build (`task_from_flags`,
 `sweep_spec_from_flags`). A resumed run must match it. The flags defined with
 `part_of_run=False` change no number (progress, TensorBoard, checkpoint period,
 where files go).
+
+Importing this module, defining the flags and checking them imports no TensorFlow,
+so a binary refuses a bad flag within a second or so; only a check that builds an
+aggregator imports it (--aggregator_args other than the binary's default; an
+aggregator assuming corrupted clients in `check_clients_per_round`), as does building
+what a run needs (`task_from_flags`, `client_work_from_flags`, ...).
 """
+
+from __future__ import annotations
 
 import ast
 import dataclasses
+import logging as std_logging
 import math
 import os
 import shlex
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, TYPE_CHECKING
 
 from absl import app
 from absl import flags
 from absl import logging
-import tensorflow as tf
-import tensorflow_federated as tff
 
 from tasks import builders
+from tasks import catalog
 from tasks import registry
+from tasks.builders import user_tasks
 from tasks.simulation import attacks
-from tasks.simulation import client_work as client_work_lib
-from tasks.simulation import loop
-from tasks.simulation import sweep
+
+if TYPE_CHECKING:
+  from tasks.simulation import sweep
 
 FLAGS = flags.FLAGS
 # Flags that are part of a run's identity, in definition order (filled by `_define`).
@@ -99,7 +108,7 @@ def task_stem() -> str:
   path with '.' for ':' for yours (e.g. `docs.examples.my_task.build_task`)."""
   path = user_task_path()
   if path is not None:
-    return builders.user_tasks.stem(path)
+    return user_tasks.stem(path)
   return f'{FLAGS.task}_{FLAGS.model}'
 
 
@@ -124,7 +133,7 @@ def define_task_flags(**defaults) -> None:
   define('string', 'task', get('task', 'emnist'), 'Task: a benchmark task (RFA paper '
          f'D.1), {", ".join(known)}; or a task of your own, the import path '
          'package.module:function of a function returning a tasks.builders.Task, e.g. '
-         f'{builders.user_tasks.EXAMPLE} (docs/tasks.md). Yours takes the client spec '
+         f'{user_tasks.EXAMPLE} (docs/tasks.md). Yours takes the client spec '
          'flags and --num_clients, not --model, --data_source or --data_dir.')
   define('string', 'model', get('model', 'linear'), 'Model of the task: ' + '; '.join(
       f'{t}: {", ".join(s["models"])}' for t, s in known.items()) + '.')
@@ -152,7 +161,7 @@ def define_task_flags(**defaults) -> None:
     task = values['task']
     if builders.is_import_path(task):
       try:
-        builders.user_tasks.resolve(task)
+        user_tasks.resolve(task)
       except builders.TaskError as e:
         raise flags.ValidationError(str(e)) from e
       given = [name for name in _BUILT_IN_ONLY if FLAGS[name].present]
@@ -166,7 +175,7 @@ def define_task_flags(**defaults) -> None:
       raise flags.ValidationError(
           f'--task={task} is not a built-in task ({", ".join(known)}) nor an import '
           'path package.module:function of a task of your own (e.g. '
-          f'--task={builders.user_tasks.EXAMPLE}; docs/tasks.md).')
+          f'--task={user_tasks.EXAMPLE}; docs/tasks.md).')
     spec = known[task]
     if values['model'] not in spec['models']:
       raise flags.ValidationError(
@@ -200,7 +209,7 @@ def define_training_flags(sweep: bool = False, **defaults) -> None:
           'sampled uniformly without replacement each round (paper: EMNIST 100, '
           'others 50).', lower_bound=1)
   define('enum', 'client_work', get('client_work', 'fedavg'),
-          list(client_work_lib.CLIENT_WORKS), 'What a selected client computes: '
+          list(catalog.CLIENT_WORKS), 'What a selected client computes: '
           'fedavg (local SGD on the global model), ditto (plus a personal model with a '
           'proximal term), personalized_rfa (RFA paper Algorithm 4).')
   define('float', 'ditto_lambda', get('ditto_lambda', 0.1), 'Ditto: λ of the '
@@ -404,6 +413,8 @@ def check_clients_per_round(name: str, entries: Sequence[str], rho: float,
   work, when aggregator `name` cannot aggregate a round of `clients_per_round`
   clients with f = ⌊rho·n⌋ assumed corrupted (Krum's and multi-Krum's n > 2f + 2,
   also inside NNM or bucketing; NNM's and ARC's n > f)."""
+  if not registry.takes_assumed_byzantine_fraction(name):
+    return  # Only the factories assuming corrupted clients have a condition on n.
   n = clients_per_round
   if _takes_round(name, entries, rho, n):
     return
@@ -456,18 +467,26 @@ def aggregator_help() -> str:
           f'wrappers: {", ".join(registry.known_wrappers())}.')
 
 
-def validate_aggregators(names_flag: str) -> None:
-  """Checks at parse time that every aggregator in --`names_flag` builds with
-  --aggregator_args (building a factory is cheap: no TFF tracing)."""
+def validate_aggregators(names_flag: str, also: Sequence[str] = ()) -> None:
+  """Checks at parse time that every aggregator in --`names_flag` (but those in
+  `also`) builds with --aggregator_args (building a factory is cheap: no TFF tracing,
+  but TensorFlow is imported; with the binary's default --aggregator_args nothing is
+  built)."""
 
   # The names alone first: an unknown name is the name's fault, not --aggregator_args'.
-  validate_aggregator_names(names_flag)
+  validate_aggregator_names(names_flag, also)
 
   @flags.multi_flags_validator([names_flag, 'aggregator_args'],
                                message='invalid --aggregator_args')
   def _check(values):
     names = values[names_flag]
+    if values['aggregator_args'] == FLAGS['aggregator_args'].default:
+      # Nothing to build: without entries every name split_name takes builds; the
+      # binary's own default entries are built by its tests.
+      return True
     for name in [names] if isinstance(names, str) else names or []:
+      if name in also:
+        continue
       try:
         build_aggregator(name, values['aggregator_args'])
       except ValueError as e:
@@ -531,6 +550,7 @@ def client_work_args_from_flags() -> dict[str, Any]:
 
 def client_work_from_flags(task: builders.Task):
   """The --client_work variant for `task`, with --worker_momentum."""
+  from tasks.simulation import client_work as client_work_lib  # pylint: disable=g-import-not-at-top
   return client_work_lib.client_work_from_name(
       FLAGS.client_work, task, worker_momentum=FLAGS.worker_momentum,
       **client_work_args_from_flags())
@@ -539,6 +559,9 @@ def client_work_from_flags(task: builders.Task):
 def simulation_kwargs_from_flags(eval_max_examples: Optional[int] = None) -> dict:
   """Keyword arguments of `tasks.simulation.loop.Simulation` shared by every run of a
   binary (not the task, aggregator, client work, attack, rho or seed)."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff
+  from tasks.simulation import loop
   return dict(
       clients_per_round=FLAGS.clients_per_round,
       client_learning_rate=loop.StepSchedule(
@@ -554,7 +577,8 @@ def quiet_logs() -> None:
   """Keeps TensorFlow's per-checkpoint INFO lines out of the way unless -v is given."""
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-    tf.get_logger().setLevel('ERROR')
+    # `tf.get_logger()`, before TensorFlow is imported (which leaves its level).
+    std_logging.getLogger('tensorflow').setLevel(std_logging.ERROR)
 
 
 def _directory_problem(path: str) -> Optional[str]:
@@ -648,11 +672,19 @@ def _check_no_unknown(defaults) -> None:
     raise TypeError(f'No such flags in this group: {sorted(defaults)}.')
 
 
-def define_sweep_flags(**defaults) -> None:
-  """What a sweep compares: --aggregators × --attacks × --rhos × --seeds, and where."""
+def define_sweep_flags(aggregator_groups: Optional[Mapping[str, str]] = None,
+                       **defaults) -> None:
+  """What a sweep compares: --aggregators × --attacks × --rhos × --seeds, and where.
+
+  `aggregator_groups` (name → what it stands for) are names --aggregators also takes,
+  each standing for a list derived from the factories (so known only once TensorFlow
+  is imported): `start_sweep_binary` replaces them.
+  """
+  groups = dict(aggregator_groups or {})
   get = lambda name, value: defaults.pop(name, value)  # pylint: disable=g-long-lambda
   define('list', 'aggregators', get('aggregators', ['mean', 'gm']), 'Aggregators to '
-         'compare, ' + aggregator_help())
+         'compare, ' + aggregator_help() + ''.join(
+             f' {name}: {meaning}.' for name, meaning in groups.items()))
   define('list', 'attacks', get('attacks', ['omniscient']), 'Corruption models at ρ > '
          '0: a data attack of the task (every task has `data`) or an update attack: ' +
          ', '.join(attacks.UPDATE_ATTACKS))
@@ -669,7 +701,7 @@ def define_sweep_flags(**defaults) -> None:
   validate_attacks('attacks')
   define_attack_args_flag('attacks')
   _check_no_unknown(defaults)
-  validate_aggregators('aggregators')
+  validate_aggregators('aggregators', also=tuple(groups))
   validate_output_paths(directories=['output_dir'])
   flags.register_validator(
       'aggregators', bool, message='--aggregators must name at least one aggregator.')
@@ -677,6 +709,20 @@ def define_sweep_flags(**defaults) -> None:
       'attacks', lambda v: bool(v) and attacks.NO_ATTACK not in v,
       message='--attacks must be non-empty and not "none" (ρ = 0 is the clean run).')
   validate_rhos_and_seeds()
+
+
+def expand_aggregator_groups(
+    groups: Mapping[str, Callable[[], Sequence[str]]],
+    names_flag: str = 'aggregators') -> None:
+  """Replaces every group name in --`names_flag`, and in its default (so a list equal
+  to the default still is the default), by the names `groups[name]()` returns (a
+  list derived from the factories: TensorFlow is imported by then)."""
+  def expand(names):
+    return [n for name in names for n in (groups[name]() if name in groups else [name])]
+  flag = FLAGS[names_flag]
+  value = expand(flag.value)
+  FLAGS.set_default(names_flag, expand(flag.default))
+  flag.value = value
 
 
 def numbers_in(values: Sequence[str], low: float, high: float) -> bool:
@@ -697,22 +743,34 @@ def _valid_momenta(values) -> bool:
 
 def start_sweep_binary(
     argv: Sequence[str],
-    attacks_of_task: Optional[Callable[[builders.Task], Sequence[str]]] = None
+    attacks_of_task: Optional[Callable[[builders.Task], Sequence[str]]] = None,
+    aggregator_groups: Optional[Mapping[str, Callable[[], Sequence[str]]]] = None,
 ) -> tuple[builders.Task, sweep.SweepSpec]:
   """The opening of every sweep binary: refuses positional arguments, quiets the
-  logs, and returns the task (partitioned with --data_seed) and the sweep of the
-  flags. For a task of your own without --attacks on the command line,
+  logs, replaces the `aggregator_groups` names in --aggregators
+  (`define_sweep_flags`), and returns the task (partitioned with --data_seed) and the
+  sweep of the flags. For a task of your own without --attacks on the command line,
   `attacks_of_task(task)`, when given, replaces the binary's default attacks (which
   name a built-in task's data attacks)."""
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   quiet_logs()
+  expand_aggregator_groups(aggregator_groups or {})
   task = task_from_flags(FLAGS.data_seed)
   if (attacks_of_task is not None and user_task_path() is not None and
       not FLAGS['attacks'].present):
     FLAGS.attacks = list(attacks_of_task(task))
   check_attacks(task, 'attacks')
   return task, sweep_spec_from_flags()
+
+
+def print_sweep_header(output_dir: Optional[str] = None) -> None:
+  """A sweep binary's first line (`exit_status.run`'s `header`): the task, the grid
+  of the flags and where the runs go (default --output_dir)."""
+  print(f'{task_title()}: --aggregators={",".join(FLAGS.aggregators)} × '
+        f'--attacks={",".join(FLAGS.attacks)} × --rhos={",".join(FLAGS.rhos)} × '
+        f'--seeds={",".join(FLAGS.seeds)}, {FLAGS.rounds} rounds; output in '
+        f'{output_dir or FLAGS.output_dir}', file=sys.stderr, flush=True)
 
 
 def quoted_command(module: str, local_flags: Sequence[str]) -> str:
@@ -725,6 +783,7 @@ def quoted_command(module: str, local_flags: Sequence[str]) -> str:
 
 def sweep_spec_from_flags() -> sweep.SweepSpec:
   """The `tasks.simulation.sweep.SweepSpec` of the sweep flags."""
+  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
   return sweep.SweepSpec(
       aggregators=FLAGS.aggregators, attacks=FLAGS.attacks,
       rhos=sorted({float(r) for r in FLAGS.rhos}),

@@ -39,14 +39,20 @@ the sweep flags (e.g. `--seeds=0 --aggregators=gm,median,bucketing+gm`); slices 
 side by side share the ledger (each run enters it as it finishes). A finished run's
 checkpoints are then deleted (--keep_checkpoints keeps them): with worker momentum they
 hold every sampled client's momentum, ~200 MB a small-CNN run, 150 GB a seed.
+
+The flags are checked, and the first line printed, before TensorFlow is imported:
+--aggregators' default, `grid`, stands for the default grid
+(`tasks.simulation.leaderboard.default_aggregators`), derived from the factories.
 """
+
+from __future__ import annotations
 
 import dataclasses
 import os
 import shutil
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from absl import flags
 
@@ -57,7 +63,9 @@ from tasks.binaries import parallel_runs
 from tasks.simulation import attacks
 from tasks.simulation import leaderboard
 from tasks.simulation import ledger
-from tasks.simulation import sweep
+
+if TYPE_CHECKING:
+  from tasks.simulation import sweep
 
 FLAGS = flags.FLAGS
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,9 +76,13 @@ flag_groups.define_training_flags(sweep=True, rounds=30, clients_per_round=10,
                                   client_learning_rate=0.1, eval_period=10,
                                   checkpoint_period=10, tensorboard=False,
                                   worker_momenta=['0', '0.9'])
+_GRID = 'grid'
 flag_groups.define_sweep_flags(
-    aggregators=leaderboard.DEFAULT_AGGREGATORS, attacks=leaderboard.DEFAULT_ATTACKS,
-    rhos=['0', '0.1', '0.25'], seeds=['0', '1', '2'], output_dir='')
+    aggregators=[_GRID], attacks=leaderboard.DEFAULT_ATTACKS,
+    rhos=['0', '0.1', '0.25'], seeds=['0', '1', '2'], output_dir='',
+    aggregator_groups={_GRID: 'the default grid, every aggregator plain and behind '
+                              'each wrapper that takes it but those '
+                              'tasks.simulation.leaderboard leaves out'})
 parallel_runs.define_flags()
 flags.DEFINE_string('results_dir', os.path.join(_REPO, 'results'), 'Where to also '
                     'write leaderboard_<task>_<model>[_momentum].md and .png; empty to '
@@ -173,7 +185,10 @@ def _pages(spec: sweep.SweepSpec) -> list[tuple[sweep.SweepSpec, str]]:
 
 def main(argv):
   start = time.time()
-  task, spec = flag_groups.start_sweep_binary(argv, attacks_of_task=_attacks_of)
+  task, spec = flag_groups.start_sweep_binary(
+      argv, attacks_of_task=_attacks_of,
+      aggregator_groups={_GRID: leaderboard.default_aggregators})
+  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
   output_dir = _output_dir()
   ledger_path = _ledger_path(output_dir)
   page_specs = _pages(spec)
@@ -254,6 +269,7 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
   """leaderboard<suffix>.md and heatmap<suffix>.png of `spec`'s runs in `output_dir`,
   copied to --results_dir; the --readme page gets the table without momentum. Returns the
   summary of those runs."""
+  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
   recorded = sweep.recorded_results(task, spec, entries)
   summary = sweep.summarize(spec, output_dir, recorded)
   rows = leaderboard.worst_cases(summary)
@@ -285,4 +301,4 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
 
 
 if __name__ == '__main__':
-  exit_status.run(main)
+  exit_status.run(main, header=lambda: flag_groups.print_sweep_header(_output_dir()))

@@ -27,7 +27,8 @@ It writes into --output_dir only (its table as main_job.md there). The committed
 results/main_job.md and the README's main-job section, describe the defaults above:
 --update_committed_results rewrites them, and is refused with any flag that changes
 results set otherwise, so a test run never overwrites them. --results_markdown and
---readme write the page to other files.
+--readme write the page to other files. The flags are checked, and the job's first
+line printed, before TensorFlow is imported.
 """
 
 import os
@@ -39,7 +40,6 @@ from absl import flags
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.binaries import parallel_runs
-from tasks.simulation import sweep
 
 FLAGS = flags.FLAGS
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -130,6 +130,7 @@ def main(argv):
   start = time.time()
   _check_committed_files_keep_the_readme_configuration()
   task, spec = flag_groups.start_sweep_binary(argv)
+  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top
   parallel_runs.train_in_copies('tasks.binaries.main_job')
   sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress,
                   checkpoint_period=FLAGS.checkpoint_period,
@@ -155,4 +156,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  exit_status.run(main)
+  exit_status.run(main, header=flag_groups.print_sweep_header)

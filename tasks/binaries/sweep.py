@@ -8,18 +8,25 @@ r"""Sweeps aggregators × attacks × corruption levels × seeds on one task.
 written, and how a restarted sweep resumes, is described in `tasks.simulation.sweep`.
 With --results_dir the table (headed by the command that made it and its wall time)
 and the plots are also copied there: the paper figures in `results/` are made so.
+The flags are checked, and the sweep's first line printed, before TensorFlow is
+imported.
 """
+
+from __future__ import annotations
 
 import os
 import shutil
 import time
+from typing import TYPE_CHECKING
 
 from absl import flags
 
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.binaries import parallel_runs
-from tasks.simulation import sweep
+
+if TYPE_CHECKING:
+  from tasks.simulation import sweep
 
 FLAGS = flags.FLAGS
 
@@ -50,6 +57,7 @@ def _results_page(table: str, spec: sweep.SweepSpec, trained: int,
 
 
 def copy_results(spec: sweep.SweepSpec, page: str, results_dir: str) -> None:
+  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
   os.makedirs(results_dir, exist_ok=True)
   for name in sweep.report_files(spec):
     if name.endswith('.png'):
@@ -64,6 +72,7 @@ def copy_results(spec: sweep.SweepSpec, page: str, results_dir: str) -> None:
 def main(argv):
   start = time.time()
   task, spec = flag_groups.start_sweep_binary(argv)
+  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
   trained = 0
   if parallel_runs.starts_copies():
     pending = len(sweep.pending_runs(task, spec, FLAGS.output_dir))
@@ -89,7 +98,7 @@ def main(argv):
 
 def run():
   """Console-script entry point (`tff_robust_sweep`)."""
-  exit_status.run(main)
+  exit_status.run(main, header=flag_groups.print_sweep_header)
 
 
 if __name__ == '__main__':

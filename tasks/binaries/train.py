@@ -41,12 +41,16 @@ The driver of a --workers run listens on no network: its own computations run on
 worker_binary behind a Unix socket only its user can open
 (`tff_robust.distributed.private_local_execution`). Exit statuses:
 `tasks.binaries.exit_status`. Killed even by SIGKILL, the binary leaves no
-worker_binary of its own behind.
+worker_binary of its own behind. The flags are checked, and the run's first line
+printed, before TensorFlow is imported.
 """
+
+from __future__ import annotations
 
 import contextlib
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from absl import app
 from absl import flags
@@ -55,11 +59,11 @@ from absl import logging
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import attacks
-from tasks.simulation import distributed as distributed_simulation
-from tasks.simulation import experiment
-from tasks.simulation import loop
 from tasks.simulation import run_lock
 from tff_robust import distributed
+
+if TYPE_CHECKING:
+  from tasks.simulation import loop
 
 FLAGS = flags.FLAGS
 
@@ -184,6 +188,7 @@ def experiment_name() -> str:
 
 def build_simulation(task, context=None) -> loop.Simulation:
   """The simulation the flags describe (on the workers of `context`, if given)."""
+  from tasks.simulation import distributed as distributed_simulation  # pylint: disable=g-import-not-at-top
   return distributed_simulation.build_simulation(
       task, flag_groups.build_aggregator(FLAGS.aggregator, FLAGS.aggregator_args,
                                          rho=FLAGS.rho),
@@ -193,6 +198,16 @@ def build_simulation(task, context=None) -> loop.Simulation:
       rho=FLAGS.rho, seed=FLAGS.seed,
       **({'client_data_dir': FLAGS.worker_data_dir} if context is not None else {}),
       **flag_groups.simulation_kwargs_from_flags())
+
+
+def _output_dir() -> str:
+  return os.path.join(FLAGS.root_output_dir, experiment_name())
+
+
+def print_header() -> None:
+  """The run's first line, printed before TensorFlow is imported."""
+  print(f'{experiment_name()}: {FLAGS.rounds} rounds of {flag_groups.task_title()}; '
+        f'output in {_output_dir()}', file=sys.stderr, flush=True)
 
 
 def check_settings() -> None:
@@ -205,7 +220,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   flag_groups.quiet_logs()
-  output_dir = os.path.join(FLAGS.root_output_dir, experiment_name())
+  output_dir = _output_dir()
+  # pylint: disable=g-import-not-at-top
+  from tasks.simulation import distributed as distributed_simulation
+  from tasks.simulation import experiment
   with contextlib.ExitStack() as stack:
     # One process per run directory, from before its config.json is checked.
     stack.enter_context(run_lock.owned(output_dir))
@@ -233,8 +251,7 @@ def main(argv):
     simulation = build_simulation(task, context)
     num_clients = len(task.train_data.client_ids)
     print(f'{experiment_name()}: {num_clients} clients, '
-          f'{len(simulation.corrupted_clients)} corrupted; output in {output_dir}',
-          file=sys.stderr)
+          f'{len(simulation.corrupted_clients)} corrupted', file=sys.stderr)
     if FLAGS.clients_per_round > num_clients:
       print(f'--clients_per_round={FLAGS.clients_per_round} is more than the task\'s '
             f'{num_clients} clients: all of them train every round.', file=sys.stderr)
@@ -260,7 +277,7 @@ def main(argv):
 
 def run():
   """Console-script entry point (`tff_robust_train`)."""
-  exit_status.run(main, check_flags=check_settings)
+  exit_status.run(main, check_flags=check_settings, header=print_header)
 
 
 if __name__ == '__main__':

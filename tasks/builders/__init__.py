@@ -8,31 +8,43 @@ A task of your own is a `Task` too (its docstring is the protocol; docs/tasks.md
 model constructor and `tff.simulation.datasets.ClientData`, `check_task` checks one,
 and `load_task('package.module:function')` builds one by import path, as the
 binaries' `--task=package.module:function` does (`user_tasks`).
+
+Importing the package imports no TensorFlow: `known_tasks`, `is_import_path` and
+`TaskError` are what the binaries' flags need; every other name loads its module on
+first use.
 """
 
-import dataclasses
-import os
-from typing import Optional
+from __future__ import annotations
 
-from tasks.builders import emnist
-from tasks.builders import sent140
-from tasks.builders import shakespeare
-from tasks.builders import user_tasks
-from tasks.builders.task import check_task
-from tasks.builders.task import ClientSpec
-from tasks.builders.task import Task
-from tasks.builders.task import TaskError
+import dataclasses
+import importlib
+import importlib.util
+import os
+from typing import Optional, TYPE_CHECKING
+
+from tasks import catalog
 from tasks.builders.user_tasks import is_import_path
 from tasks.builders.user_tasks import load_task
 
-_MODULES = {'emnist': emnist, 'shakespeare': shakespeare, 'sent140': sent140}
+if TYPE_CHECKING:
+  from tasks.builders.task import ClientSpec
+  from tasks.builders.task import Task
+
+TaskError = catalog.TaskError
+_FROM_TASK = ('check_task', 'ClientSpec', 'Task')
+
+
+def __getattr__(name):
+  if name in _FROM_TASK:
+    return getattr(importlib.import_module(f'{__name__}.task'), name)
+  if not name.startswith('_') and importlib.util.find_spec(f'{__name__}.{name}'):
+    return importlib.import_module(f'{__name__}.{name}')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def known_tasks() -> dict[str, dict[str, tuple[str, ...]]]:
   """task name → {'models': (...), 'sources': (...), 'data_attacks': (...)}."""
-  return {name: {'models': module.MODELS, 'sources': module.SOURCES,
-                 'data_attacks': tuple(module.DATA_ATTACKS)}
-          for name, module in _MODULES.items()}
+  return {name: dict(spec) for name, spec in catalog.TASKS.items()}
 
 
 def build_task(task: str, model: str, source: str = 'synthetic',
@@ -57,9 +69,14 @@ def build_task(task: str, model: str, source: str = 'synthetic',
   Raises:
     ValueError: for an unknown task, model or source (listing the known ones).
   """
-  if task not in _MODULES:
-    raise ValueError(f'Unknown task {task!r}; known: {", ".join(_MODULES)}.')
-  module = _MODULES[task]
+  # pylint: disable=g-import-not-at-top
+  from tasks.builders import emnist
+  from tasks.builders import sent140
+  from tasks.builders import shakespeare
+  modules = {'emnist': emnist, 'shakespeare': shakespeare, 'sent140': sent140}
+  if task not in modules:
+    raise ValueError(f'Unknown task {task!r}; known: {", ".join(modules)}.')
+  module = modules[task]
   if model not in module.MODELS:
     raise ValueError(f'Unknown model {model!r} for task {task!r}; known: '
                      f'{", ".join(module.MODELS)}.')

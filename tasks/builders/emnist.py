@@ -24,16 +24,17 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from tasks import catalog
 from tasks.builders import builder_utils
 from tasks.builders import data_utils
 from tasks.builders import models
 from tasks.builders import task as task_lib
 from tff_robust.common import arguments
 
-MODELS = ('linear', 'cnn', 'small_cnn')
+MODELS = catalog.TASKS['emnist']['models']
 _MODEL_BUILDERS = {'linear': 'emnist_linear', 'cnn': 'emnist_cnn',
                    'small_cnn': 'emnist_small_cnn'}
-SOURCES = ('tff', 'bundled', 'synthetic')
+SOURCES = catalog.TASKS['emnist']['sources']
 DEFAULT_CLIENT_SPEC = task_lib.ClientSpec(num_epochs=5, batch_size=50)
 
 BUNDLED_NUM_CLIENTS = 100

@@ -36,6 +36,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from tasks import catalog
 from tasks.builders import builder_utils
 from tasks.builders import data_utils
 from tasks.builders import models
@@ -45,8 +46,8 @@ DIM = models.GLOVE_DIM
 TRAIN_FRACTION = 0.8
 PAPER_MIN_EXAMPLES = 50
 BUNDLED_MIN_EXAMPLES = 10
-MODELS = ('linear',)
-SOURCES = ('leaf', 'csv', 'bundled', 'synthetic')
+MODELS = catalog.TASKS['sent140']['models']
+SOURCES = catalog.TASKS['sent140']['sources']
 DEFAULT_CLIENT_SPEC = task_lib.ClientSpec(num_epochs=1, batch_size=10)
 ELEMENT_SPEC = (tf.TensorSpec([DIM], tf.float32), tf.TensorSpec([], tf.int32))
 SENTIMENT140_FILE = 'training.1600000.processed.noemoticon.csv'

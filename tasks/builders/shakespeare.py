@@ -24,6 +24,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from tasks import catalog
 from tasks.builders import builder_utils
 from tasks.builders import data_utils
 from tasks.builders import models
@@ -35,8 +36,8 @@ OTHER = NUM_CLASSES - 1
 MIN_EXAMPLES = 100
 TFF_URL = 'https://storage.googleapis.com/tff-datasets-public/shakespeare.sqlite.lzma'
 TRAIN_FRACTION = 0.9
-MODELS = ('lstm',)
-SOURCES = ('tff', 'bundled', 'synthetic')
+MODELS = catalog.TASKS['shakespeare']['models']
+SOURCES = catalog.TASKS['shakespeare']['sources']
 DEFAULT_CLIENT_SPEC = task_lib.ClientSpec(num_epochs=1, batch_size=10)
 ELEMENT_SPEC = (tf.TensorSpec([WINDOW], tf.int32), tf.TensorSpec([], tf.int32))
 

@@ -16,13 +16,13 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import catalog
 from tasks.builders import models
 
 
 
-class TaskError(ValueError):
-  """A task does not follow the `Task` protocol, or --task does not name one; the
-  message names the problem and the fix (one line: the binaries print it as is)."""
+TaskError = catalog.TaskError
+
 
 @dataclasses.dataclass(frozen=True)
 class ClientSpec:

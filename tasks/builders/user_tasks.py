@@ -20,8 +20,11 @@ built-in task name, the import path of a function returning a `tasks.builders.Ta
     --num_clients of its training clients (chosen by the data seed; the test data
     stays whole).
 
-`load_task` does all of it from Python.
+`load_task` does all of it from Python. Resolving a path needs no TensorFlow (the
+binaries check --task before they import it); loading the task does.
 """
+
+from __future__ import annotations
 
 import dataclasses
 import importlib
@@ -29,14 +32,14 @@ import inspect
 import os
 import re
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
-import tensorflow_federated as tff
+from tasks import catalog
 
-from tasks.builders import data_utils
-from tasks.builders import task as task_lib
+if TYPE_CHECKING:
+  from tasks.builders import task as task_lib
 
-TaskError = task_lib.TaskError
+TaskError = catalog.TaskError
 SEPARATOR = ':'
 _DOTTED = re.compile(r'^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$')
 EXAMPLE = 'docs.examples.my_task:build_task'
@@ -151,6 +154,9 @@ def load_task(path: str, *, seed: int = 0,
       follow the `Task` protocol (naming the problem and the fix). What the function
       itself raises is raised as it is.
   """
+  # pylint: disable=g-import-not-at-top
+  from tasks.builders import data_utils
+  from tasks.builders import task as task_lib
   function = resolve(path)
   task = function(seed=seed) if takes_seed(function) else function()
   task_lib.check_task(task, f'the value of {path}()')
@@ -168,6 +174,7 @@ def load_task(path: str, *, seed: int = 0,
 
 def _with_clients(task: task_lib.Task, client_ids) -> task_lib.Task:
   """`task` with only the training clients `client_ids`."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   train_data = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
       client_ids, task.train_data.serializable_dataset_fn)
   return dataclasses.replace(task, train_data=train_data, client_weights={

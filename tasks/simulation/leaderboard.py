@@ -5,20 +5,20 @@ A leaderboard is a sweep (`tasks.simulation.sweep`) read differently: for each r
 the clean accuracy and, per corruption level ρ, the accuracy under the attack that hurt
 it most. Rows are ranked by that worst case at the largest ρ, as ByzFL's benchmark
 ranks its aggregators. The heatmap shows every (attack, ρ) cell.
+
+The grid's names are known without TensorFlow but for `default_aggregators()`, which
+builds the factories to see what each wrapper takes (`registry.wrappable`; so does
+reading `DEFAULT_AGGREGATORS`, its value).
 """
 
 import math
 from typing import Any, Sequence
 
-import matplotlib
-matplotlib.use('Agg')  # Files only; no display on a server.
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from tasks import catalog
 from tasks import registry
-from tasks.builders import emnist
 from tasks.simulation import attacks
-from tasks.simulation import sweep
 
 # The README section the leaderboard binary rewrites.
 README_BEGIN = '<!-- leaderboard:begin -->'
@@ -61,8 +61,8 @@ EXCLUDED_ATTACKS = {
     'weight_inflation': _WEIGHT_ATTACKS,
     'adaptive_weight': _WEIGHT_ATTACKS,
 }
-# The task whose data attacks are in the default grid (the binary's default --task).
-TASK_DATA_ATTACKS = emnist.DATA_ATTACKS
+# The data attacks of the task in the default grid (the binary's default --task).
+TASK_DATA_ATTACKS = dict.fromkeys(catalog.TASKS['emnist']['data_attacks'])
 
 
 def candidate_aggregators() -> list[str]:
@@ -91,8 +91,13 @@ def default_attacks() -> list[str]:
   return [name for name in candidate_attacks() if name not in EXCLUDED_ATTACKS]
 
 
-DEFAULT_AGGREGATORS = default_aggregators()
 DEFAULT_ATTACKS = default_attacks()
+
+
+def __getattr__(name):
+  if name == 'DEFAULT_AGGREGATORS':
+    return default_aggregators()
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def worst_cases(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -137,6 +142,7 @@ def _nan_last(value: float) -> float:
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   """The worst-case table: aggregator, clean, worst accuracy (attack) per ρ; with
   several seeds each accuracy is "mean [min, max]" over them (`sweep.cell_text`)."""
+  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top
   rhos = [key[len('worst_rho'):] for key in rows[0] if key.startswith('worst_rho')]
   header = ['rank', 'aggregator', 'clean'] + [f'worst case ρ={rho}' for rho in rhos]
   lines = ['| ' + ' | '.join(header) + ' |',
@@ -153,6 +159,11 @@ def plot_heatmap(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any
                  path: str, title: str) -> None:
   """Final accuracy (%) of every aggregator (rows, in leaderboard order) under every
   attack and ρ (columns, the clean run first)."""
+  # pylint: disable=g-import-not-at-top
+  import matplotlib
+  matplotlib.use('Agg')  # Files only; no display on a server.
+  import matplotlib.pyplot as plt
+  from tasks.simulation import sweep
   columns = [('none', 0.0)] if any(r['rho'] == 0 for r in summary) else []
   columns += list(dict.fromkeys((r['attack'], r['rho']) for r in summary
                                 if r['rho'] > 0))

@@ -92,3 +92,33 @@ def run_owner(directory: str, cwd: str):
     child.wait()
     child.stdin.close()
     child.stdout.close()
+
+
+# Runs `python -m <module> <args>`, prints `IMPORTING tensorflow` when it starts
+# importing TensorFlow and, however it ends, `IMPORTED` and the heavy packages it
+# imported, as its last stderr line.
+_WATCHING_IMPORTS = """
+import runpy, sys
+
+class Announce:
+  def find_spec(self, name, path=None, target=None):
+    if name == 'tensorflow':
+      print('IMPORTING tensorflow', file=sys.stderr, flush=True)
+      sys.meta_path.remove(self)
+
+sys.meta_path.insert(0, Announce())
+sys.argv = sys.argv[1:]
+try:
+  runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
+finally:
+  print('IMPORTED', *sorted(m for m in ('tensorflow', 'tensorflow_federated', 'jax')
+                            if m in sys.modules), file=sys.stderr)
+"""
+
+
+def run_watching_imports(module: str, *args: str) -> subprocess.CompletedProcess:
+  """`python -m module *args` from the repository, its imports of TensorFlow told on
+  stderr (`_WATCHING_IMPORTS`): a check that does not depend on timing."""
+  return subprocess.run([sys.executable, '-c', _WATCHING_IMPORTS, module, *args],
+                        cwd=REPOSITORY, env=quiet_env(), capture_output=True, text=True,
+                        timeout=600)

@@ -36,9 +36,12 @@ from tensorflow_federated.python.core.backends.native import compiler as native_
 from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
 from tensorflow_federated.python.core.environments.tensorflow_backend import (
     compiled_computation_transformations)
+from tensorflow_federated.python.core.environments.tensorflow_backend import (
+    tensorflow_tree_transformations)
 from tensorflow_federated.python.core.environments.tensorflow_frontend import (
     tensorflow_computation)
 from tensorflow_federated.python.core.impl.compiler import building_blocks
+from tensorflow_federated.python.core.impl.compiler import transformations
 from tensorflow_federated.python.core.impl.compiler import tree_analysis
 from tensorflow_federated.python.core.impl.computation import computation_impl
 from tensorflow_federated.python.core.impl.computation import function_utils

@@ -13,6 +13,8 @@
                       started without TensorFlow
   worker_network      the worker's private network namespace and its TLS forwarder
   worker_credentials  the deployment's certificates (`--out=DIR`)
+  worker_addresses    worker addresses and the driver's default timeouts (no
+                      TensorFlow: the binaries check --workers with them)
   runtime             `worker_binaries_stopped()`: no worker_binary outlives a program
   worker_guardian     the watcher that stops a dead program's worker_binaries
 
@@ -23,31 +25,25 @@ starts without TensorFlow (13-50 s, ~600 MB); every name loads its module on fir
 import importlib
 import importlib.util
 
-_EXECUTION_NAMES = (
-    'Credentials',
-    'DEFAULT_CALL_TIMEOUT_SECONDS',
-    'DEFAULT_CONNECT_TIMEOUT_SECONDS',
-    'DEFAULT_MAX_MESSAGE_BYTES',
-    'DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS',
-    'DistributedContext',
-    'LocalWorkers',
-    'ResidentValue',
-    'WorkerError',
-    'as_driver_credentials',
-    'check_credentials_needed',
-    'distributed_execution',
-    'make_channel',
-    'parse_addresses',
-    'private_local_execution',
-    'wait_until_ready',
-    'worker_binary_path',
-)
-__all__ = list(_EXECUTION_NAMES)
+# Name → the module it loads: the names a binary checks its flags with come from
+# modules that import no TensorFlow.
+_NAMES = {
+    **dict.fromkeys(('DistributedContext', 'LocalWorkers', 'ResidentValue', 'WorkerError',
+                     'distributed_execution', 'make_channel', 'private_local_execution',
+                     'wait_until_ready'), 'execution'),
+    **dict.fromkeys(('DEFAULT_CALL_TIMEOUT_SECONDS', 'DEFAULT_CONNECT_TIMEOUT_SECONDS',
+                     'DEFAULT_MAX_MESSAGE_BYTES', 'DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS',
+                     'check_credentials_needed', 'parse_addresses'), 'worker_addresses'),
+    'Credentials': 'worker_credentials',
+    'as_driver_credentials': 'worker_credentials',
+    'worker_binary_path': 'worker_launcher',
+}
+__all__ = sorted(_NAMES)
 
 
 def __getattr__(name):
-  if name in _EXECUTION_NAMES:
-    value = getattr(importlib.import_module(f'{__name__}.execution'), name)
+  if name in _NAMES:
+    value = getattr(importlib.import_module(f'{__name__}.{_NAMES[name]}'), name)
     globals()[name] = value
     return value
   if not name.startswith('_') and importlib.util.find_spec(f'{__name__}.{name}'):

@@ -93,6 +93,9 @@ from tff_robust.common.tff_private import structure
 from tff_robust.common.tff_private import mergeable_comp_compiler
 from tff_robust.common.tff_private import compiler_pipeline
 from tff_robust.common.tff_private import mergeable_comp_execution_context as mergeable
+from tff_robust.common.tff_private import tensorflow_tree_transformations
+from tff_robust.common.tff_private import building_blocks
+from tff_robust.common.tff_private import transformations
 from tff_robust.common.tff_private import tree_analysis
 from tff_robust.common.tff_private import cardinalities_utils
 from tff_robust.common.tff_private import cardinality_carrying_base
@@ -102,22 +105,12 @@ from tff_robust.common.tff_private import type_conversions
 from tff_robust.common import arguments
 from tff_robust.distributed import passwise
 from tff_robust.distributed import runtime
+from tff_robust.distributed import worker_addresses
 from tff_robust.distributed import worker_credentials
 from tff_robust.distributed import worker_launcher
 from tff_robust.distributed import worker_network
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-# gRPC's limit is a signed 32-bit length; TFF's own local context uses 2e9 too.
-DEFAULT_MAX_MESSAGE_BYTES = 2_000_000_000
-# How long a worker may take to accept connections at start.
-DEFAULT_CONNECT_TIMEOUT_SECONDS = 30.0
-# A worker that cannot be reached, or answers no probe, for this long is reported as
-# failed (not retried).
-DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS = 10.0
-# Every RPC's deadline. It bounds a computation that never ends on a worker that
-# still answers; a stopped worker is found by the probes, not by it. An hour is over
-# 100 times the longest round measured here (50 ConvNet clients on 2 loaded cores).
-DEFAULT_CALL_TIMEOUT_SECONDS = 3600.0
 # How long a call waits for its answer before asking whether the worker still answers.
 PROBE_INTERVAL = 5.0
 # A method no worker serves: a live gRPC server answers UNIMPLEMENTED at once.
@@ -147,49 +140,12 @@ class _WorkerBack(tff.framework.RetryableError):
 worker_binary_path = worker_launcher.worker_binary_path
 Credentials = worker_credentials.Credentials
 as_driver_credentials = worker_credentials.as_driver_credentials
-
-
-def parse_addresses(addresses) -> list[str]:
-  """`'host:port,host:port'` (or a sequence of them) → a validated list.
-
-  Raises:
-    ValueError: for an empty list, a malformed address or a repeated one.
-  """
-  if isinstance(addresses, str):
-    addresses = [a.strip() for a in addresses.split(',') if a.strip()]
-  addresses = list(addresses)
-  if not addresses:
-    raise ValueError('Give at least one worker address host:port.')
-  for address in addresses:
-    host, sep, port = str(address).rpartition(':')
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise ValueError(f'Worker address {address!r} is not host:port.')
-  if len(set(addresses)) != len(addresses):
-    raise ValueError(f'Worker addresses repeat: {addresses}.')
-  return addresses
-
-
-def _host(address: str) -> str:
-  return address.rpartition(':')[0].strip('[]')
-
-
-def check_credentials_needed(addresses, credentials) -> None:
-  """A driver without credentials dials workers on this machine (loopback) only.
-
-  Raises:
-    ValueError: naming an address on the network, for `credentials` None.
-  """
-  if credentials is not None:
-    return
-  remote = [a for a in parse_addresses(addresses)
-            if not worker_network.is_loopback(_host(a))]
-  if remote:
-    raise ValueError(
-        f'Worker {remote[0]} is not on this machine: a worker on the network requires '
-        'credentials (mutual TLS). Make a deployment\'s files with `python -m '
-        'tff_robust.distributed.worker_credentials --out=DIR`, start each worker with '
-        '--tls_cert, --tls_key and --tls_client_ca, and give the driver its files '
-        '(credentials=DIR; the binaries\' --worker_credentials=DIR).')
+parse_addresses = worker_addresses.parse_addresses
+check_credentials_needed = worker_addresses.check_credentials_needed
+DEFAULT_MAX_MESSAGE_BYTES = worker_addresses.DEFAULT_MAX_MESSAGE_BYTES
+DEFAULT_CONNECT_TIMEOUT_SECONDS = worker_addresses.DEFAULT_CONNECT_TIMEOUT_SECONDS
+DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS = worker_addresses.DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS
+DEFAULT_CALL_TIMEOUT_SECONDS = worker_addresses.DEFAULT_CALL_TIMEOUT_SECONDS
 
 
 def _channel_options(max_message_bytes: int):
@@ -888,24 +844,19 @@ class DistributedContext(tff.framework.SyncContext):
 
     Raises:
       ValueError: for a computation with aggregations depending on one another and
-        no equivalent ("Detected one aggregate dependent on another"), with a hint.
+        no equivalent; its first line is a hint (tff_robust's builders).
     """
     equivalent = passwise.equivalent(comp)
     if equivalent is not None and equivalent.mergeable is False:
       return self._run_equivalent(equivalent, arg)
     try:
       form = self._compiler.compile(comp)
-    except ValueError as e:
-      if _DEPENDENT_AGGREGATES not in str(e):
+    except ValueError:
+      dependent = _dependent_aggregations(comp)
+      if not dependent:
         raise
       if equivalent is None:
-        raise ValueError(
-            f'{e}\nThe workers run one round of aggregation per computation. Drive '
-            'an iterative aggregate with tff_robust.passwise.PasswiseFactory, and '
-            'build learning processes with tff_robust\'s builders (e.g. '
-            'tff_robust.build_process_with_aggregator instead of '
-            'tff.learning.algorithms.build_weighted_fed_avg), whose `next` runs '
-            'pass by pass here.') from e
+        raise ValueError(_not_mergeable_message(dependent)) from None
       equivalent.mergeable = False
       return self._run_equivalent(equivalent, arg)
     if equivalent is not None:
@@ -1044,8 +995,37 @@ class DistributedContext(tff.framework.SyncContext):
     self._invokers = []
 
 
-# What TFF's compiler says of a computation whose aggregations depend on one another.
-_DEPENDENT_AGGREGATES = 'dependent on another'
+def _is_aggregation(node) -> bool:
+  return (isinstance(node, building_blocks.Intrinsic) and
+          bool(node.intrinsic_def().aggregation_kind))
+
+
+def _dependent_aggregations(comp) -> list:
+  """The aggregation calls of `comp` that take another aggregation's result: what
+  keeps TFF's compiler from building its mergeable form, found as that compiler
+  finds them (on the call-dominant form of `comp` with its intrinsics lowered)."""
+  tree = mergeable_comp_compiler._ensure_lambda(  # pylint: disable=protected-access
+      comp.to_building_block())
+  tree, _ = tensorflow_tree_transformations.replace_intrinsics_with_bodies(tree)
+  tree = building_blocks.Lambda(tree.parameter_name, tree.parameter_type,
+                                transformations.to_call_dominant(tree.result))
+  return tree_analysis._extract_calls_with_fn_consuming_arg(  # pylint: disable=protected-access
+      tree, fn_predicate=_is_aggregation, arg_predicate=_is_aggregation)
+
+
+def _not_mergeable_message(dependent) -> str:
+  """A one-line hint, then why the computation cannot run on the workers."""
+  uris = collections.Counter(call.function.uri for call in dependent)
+  return (
+      'Build learning processes with tff_robust.build_process_with_aggregator (it '
+      'takes build_weighted_fed_avg\'s arguments) and drive aggregation processes '
+      'with tff_robust.passwise.PasswiseFactory: TFF\'s mergeable workers run one '
+      'round of aggregation per computation.\n'
+      'This computation\'s aggregations depend on one another (TFF\'s compiler: '
+      '"Detected one aggregate dependent on another"): '
+      + ', '.join(f'{n} × {uri}' for uri, n in sorted(uris.items())) +
+      ' take the result of an earlier one. tff_robust\'s builders register a '
+      '`next` that runs here as one computation per round of aggregation.')
 
 
 def _shards(value, type_spec, num_shards: int) -> list:

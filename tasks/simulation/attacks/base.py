@@ -15,7 +15,6 @@ import inspect
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
 
 from tff_robust.common import arguments
 
@@ -67,6 +66,7 @@ def select_corrupted_clients(client_weights: Mapping[str, float], rho: float,
 
 def flatten_updates(updates: Sequence[Any]) -> np.ndarray:
   """The updates as a float64 matrix, one row per client (tensors in `tf.nest` order)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   rows = [np.concatenate([np.ravel(np.asarray(t, np.float64))
                           for t in tf.nest.flatten(u)] or [np.zeros(0)])
           for u in updates]
@@ -75,6 +75,7 @@ def flatten_updates(updates: Sequence[Any]) -> np.ndarray:
 
 def unflatten_update(row: np.ndarray, like: Any) -> Any:
   """`row` in the structure, shapes and dtypes of the update `like`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   leaves = [np.asarray(t) for t in tf.nest.flatten(like)]
   pieces, start = [], 0
   for leaf in leaves:

@@ -15,7 +15,6 @@ import numpy as np
 
 from tasks import references
 from tasks.simulation.attacks import base
-from tff_robust.aggregators import weight_cap
 
 DEFAULT_UPDATE_ATTACK = 'ipm'
 # The far point of the issue's measurement: −10 × the honest mean.
@@ -84,8 +83,10 @@ class AdaptiveWeight(_WeightAttack):
   the largest weight that cap lets through. Against no cap it is a modest
   inflation (`multiple` × about the quantile)."""
 
-  def __init__(self, quantile: float = weight_cap.DEFAULT_QUANTILE,
-               multiple: float = weight_cap.DEFAULT_MULTIPLE,
+  # The weight cap's defaults (`tff_robust.aggregators.weight_cap`; a test checks
+  # they agree): that module imports TensorFlow, which the binaries' flag checks,
+  # building attacks, do not.
+  def __init__(self, quantile: float = 0.5, multiple: float = 2.0,
                update_attack: str = DEFAULT_UPDATE_ATTACK,
                update_params: Optional[Mapping[str, Any]] = None):
     self.quantile = base.positive('quantile', quantile)

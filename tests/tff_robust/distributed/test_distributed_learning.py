@@ -172,14 +172,20 @@ def test_the_pass_by_pass_round_equals_the_single_computation_in_one_process(
   structures.assert_same(got.metrics, want.metrics, rtol=1e-7)
 
 
-def test_an_unregistered_multi_pass_process_is_refused_with_a_hint(context):
+@pytest.mark.parametrize('factory', [geometric_median.GeometricMedianFactory,
+                                     gamma_mean.GammaMeanFactory])
+def test_an_unregistered_multi_pass_process_is_refused_with_a_hint_first(
+    factory, context):
   process = tff.learning.algorithms.build_weighted_fed_avg(
-      model_fn, _optimizer(),
-      model_aggregator=geometric_median.GeometricMedianFactory())
+      model_fn, _optimizer(), model_aggregator=factory())
   with tff.framework.get_context_stack().install(context):
-    with pytest.raises(ValueError, match='dependent on another(.|\n)*'
-                       'build_process_with_aggregator'):
+    with pytest.raises(ValueError) as error:
       process.next(process.initialize(), client_datasets(1))
+  hint, detail = str(error.value).split('\n')
+  assert hint.startswith('Build learning processes with '
+                         'tff_robust.build_process_with_aggregator')
+  assert 'dependent on another' in detail and 'federated_aggregate' in detail
+  assert error.value.__cause__ is None and error.value.__suppress_context__
 
 
 @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))

@@ -51,6 +51,16 @@ def test_import_leaves_signal_handlers_and_exit_hooks_alone():
   assert result.stdout.split()[-2:] == ['True', 'True'], result.stderr
 
 
+@pytest.mark.parametrize('module', ['tff_robust.distributed.execution',
+                                    'tff_robust.learning.processes'])
+def test_importing_a_module_prints_nothing_at_exit(module):
+  # TFF's finalizer of its idle local worker manager ran late in the teardown, where
+  # `subprocess` is None: "Exception ignored ... 'NoneType' object has no attribute
+  # 'Popen'" at exit.
+  result = _python(f'import {module}', check=True, cwd=processes.REPOSITORY)
+  assert 'Exception ignored' not in result.stderr, result.stderr
+
+
 def test_default_sigterm_handler_stays_default_after_import():
   result = _python('import signal, tff_robust\n'
                    'print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)',
