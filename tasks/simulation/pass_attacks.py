@@ -219,6 +219,9 @@ class _Tampering:
   def max_of(self, name, values, alpha, bound, context):
     return tff.federated_max(self._sent(name, values, alpha, bound, context, None))
 
+  def unweighted_of(self, name, process, state, value, alpha, bound, context):
+    return process.next(state, self._sent(name, value, alpha, bound, context, None))
+
   def mean_of(self, name, process, state, value, weight, alpha, bound, context):
     pair = self._sent(name, tff.federated_zip((value, weight)), alpha, bound,
                       context, 'mean')

@@ -9,9 +9,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_robust.common import arguments
-from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
-from tff_robust.common import unit_weights
+from tff_robust.iterative import contributions
+from tff_robust.iterative import iterative_mean
+from tff_robust.iterative import iterative_steps
 
 
 def _map(fn, *structures):
@@ -48,7 +49,7 @@ def mask_statistics(agreement, tau):
           tf.math.divide_no_nan(tf.reduce_sum(flat_agreement), size))
 
 
-class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
+class GradientMaskedAveragingFactory(iterative_steps.IterativeAggregationFactory):
   """Gradient masked averaging: the weighted mean, damped where clients disagree.
 
   With N finite clients and updates Δ_n, the agreement of scalar parameter j is
@@ -114,11 +115,26 @@ class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
     self._sign_sum = sign_sum_factory
     self._inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
 
-  def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+  def steps(self, value_type) -> iterative_steps.IterativeSteps:
+    """One pass: the mean, the sign sums and N in one round."""
     iterative_mean.check_float_structure(value_type)
-    mean_process = self._inner.create(value_type, iterative_mean.WEIGHT_TYPE)
-    sign_process = self._sign_sum.create(value_type)
-    tau = self._tau
+    return _MaskedSteps(value_type, self._inner.create(value_type,
+                                                       iterative_mean.WEIGHT_TYPE),
+                        self._sign_sum.create(value_type), self._tau)
+
+
+# What an honest client contributes (`contributions`): its weight α with its update
+# (unbounded: GMA's mean is the mean), a sign vote in [-1, 1] per coordinate (0 for a
+# client of weight 0) and a 0/1 flag.
+_MEAN_BOUND = contributions.pair(contributions.UNBOUNDED, contributions.EQUAL_TO_ALPHA)
+
+
+class _MaskedSteps(iterative_steps.IterativeSteps):
+  """GMA as the steps of one pass."""
+
+  def __init__(self, value_type, mean_process, sign_process, tau: float):
+    self.value_type = value_type
+    self._mean, self._sign = mean_process, sign_process
 
     @tff.tensorflow.computation(value_type, tf.float32)
     def signs(value, weight):
@@ -140,34 +156,37 @@ class GradientMaskedAveragingFactory(unit_weights.WeightedOrUnweightedFactory):
       fraction_masked, mean_agreement = mask_statistics(agreement, tau)
       return result, fraction_masked, mean_agreement
 
-    @tff.federated_computation()
-    def init_fn():
-      return tff.federated_zip(collections.OrderedDict(
-          mean=mean_process.initialize(), sign_sum=sign_process.initialize()))
+    self._signs, self._is_counted, self._apply_mask = signs, is_counted, apply_mask
 
-    @tff.federated_computation(
-        init_fn.type_signature.result,
-        tff.FederatedType(value_type, tff.CLIENTS),
-        tff.FederatedType(weight_type, tff.CLIENTS))
-    def next_fn(state, value, weight):
-      alpha = iterative_mean.float32_weights(weight_type, weight)
-      mean_output = mean_process.next(state.mean, value, alpha)
-      sign_output = sign_process.next(state.sign_sum,
-                                      tff.federated_map(signs, (value, alpha)))
-      num_voters = tff.federated_sum(tff.federated_map(is_counted, alpha))
-      masked = tff.federated_map(
-          apply_mask, (mean_output.result, sign_output.result, num_voters))
-      measurements = collections.OrderedDict(
-          fraction_masked=masked[1],
-          mean_agreement=masked[2],
-          mean=mean_output.measurements,
-          sign_sum=sign_output.measurements,
-      )
-      new_state = collections.OrderedDict(
-          mean=mean_output.state, sign_sum=sign_output.state)
-      return tff.templates.MeasuredProcessOutput(
-          state=tff.federated_zip(new_state),
-          result=masked[0],
-          measurements=tff.federated_zip(measurements))
+  def initialize(self):
+    return tff.federated_zip(collections.OrderedDict(
+        mean=self._mean.initialize(), sign_sum=self._sign.initialize()))
 
-    return tff.templates.AggregationProcess(init_fn, next_fn)
+  def start(self, state):
+    return {'state': state}
+
+  def passes(self):
+    return [iterative_steps.Pass('masked_mean', self._pass)]
+
+  def _pass(self, carry, value, alpha):
+    state = carry['state']
+    mean_output = contributions.mean_of('mean', self._mean, state.mean, value, alpha,
+                                        alpha, _MEAN_BOUND)
+    sign_output = contributions.unweighted_of(
+        'sign_votes', self._sign, state.sign_sum,
+        tff.federated_map(self._signs, (value, alpha)), alpha,
+        contributions.SIGN_VOTE)
+    num_voters = contributions.sum_of('voters', tff.federated_map(
+        self._is_counted, alpha), alpha, contributions.FLAG)
+    masked = tff.federated_map(
+        self._apply_mask, (mean_output.result, sign_output.result, num_voters))
+    return {'result': masked[0], 'measurements': collections.OrderedDict(
+        fraction_masked=masked[1], mean_agreement=masked[2],
+        mean=mean_output.measurements, sign_sum=sign_output.measurements),
+            'state': collections.OrderedDict(mean=mean_output.state,
+                                             sign_sum=sign_output.state)}
+
+  def finish(self, carry):
+    return tff.templates.MeasuredProcessOutput(
+        state=tff.federated_zip(carry['state']), result=carry['result'],
+        measurements=tff.federated_zip(carry['measurements']))

@@ -1,8 +1,9 @@
 """What each client contributes to the aggregations of a pass, and what an honest one can.
 
 Every client-to-server aggregation of an iterative aggregate goes through `sum_of` (a
-`tff.federated_sum`), `max_of` (a `tff.federated_max`) or `mean_of` (one call of the
-inner weighted mean on a value and a weight). Each names its contribution and states
+`tff.federated_sum`), `max_of` (a `tff.federated_max`), `mean_of` (one call of the
+inner weighted mean on a value and a weight) or `unweighted_of` (one call of an
+unweighted process, e.g. GMA's sign sum). Each names its contribution and states
 its `Bound`: the values an honest client can send, given its weight α and what the
 server broadcast.
 
@@ -163,6 +164,10 @@ class Interceptor(Protocol):
               value, weight, alpha, bound: Bound, context: Sequence):
     ...
 
+  def unweighted_of(self, name: str, process: tff.templates.AggregationProcess,
+                    state, value, alpha, bound: Bound, context: Sequence):
+    ...
+
 
 _ACTIVE: contextvars.ContextVar[Optional[Interceptor]] = contextvars.ContextVar(
     'tff_robust_contribution_interceptor', default=None)
@@ -213,3 +218,14 @@ def mean_of(name: str, process: tff.templates.AggregationProcess, state, value,
     return process.next(state, value, weight)
   return interceptor.mean_of(name, process, state, value, weight, alpha, bound,
                              _context(context))
+
+
+def unweighted_of(name: str, process: tff.templates.AggregationProcess, state, value,
+                  alpha, bound: Bound, context: Context = ()):
+  """`process.next(state, value)` of an unweighted process (e.g. a secure sum): the
+  clients' contribution `name`, `value` at CLIENTS, within `bound`."""
+  interceptor = _ACTIVE.get()
+  if interceptor is None:
+    return process.next(state, value)
+  return interceptor.unweighted_of(name, process, state, value, alpha, bound,
+                                   _context(context))

@@ -109,7 +109,7 @@ class PassByPassTest(parameterized.TestCase):
     self.assertGreater(np.linalg.norm(result - honest_mean),
                        5 * np.linalg.norm(honest_mean))
 
-  @parameterized.product(name=ITERATIVE, capped=(False, True))
+  @parameterized.product(name=ITERATIVE + ('gma',), capped=(False, True))
   def test_bounded_nan_contributions_are_a_client_that_sent_nothing(self, name,
                                                                     capped):
     process, _ = _built(name, capped)
@@ -150,6 +150,22 @@ class PassByPassTest(parameterized.TestCase):
                           weights, None)
     self.assertGreater(np.linalg.norm(claimed - honest_mean),
                        5 * np.linalg.norm(update_only - honest_mean))
+
+  def test_gma_sign_votes_are_a_channel_the_bounds_close(self):
+    # Votes of −1e6 (PoisonedSums) outvote every honest client's ±1, which turns
+    # the masking off; a vote in [−1, 1] is all an honest client can send.
+    x, weights = _inputs()
+    process, update_only = _built('gma', False)
+    expected, _ = _fused(process, x, weights)
+    honest, output = _by_pass(_bounded('gma', False, None), x, weights, None)
+    np.testing.assert_allclose(honest, expected, rtol=1e-6, atol=1e-7)
+    self.assertEqual(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
+    fair, _ = _by_pass(update_only, x, weights, pass_attacks.LateSwitch(from_pass=0))
+    poisoned, _ = _by_pass(_bounded('gma', False, 'poisoned_sums', bounds=False), x,
+                           weights, None)
+    self.assertGreater(np.linalg.norm(poisoned - fair), 0.1 * np.linalg.norm(fair))
+    _, output = _by_pass(_bounded('gma', False, 'poisoned_sums'), x, weights, None)
+    self.assertGreater(output.measurements[pass_attacks.REFUSED_MEASUREMENT], 0)
 
   def test_rejects_what_is_not_an_iterative_aggregate(self):
     with self.assertRaisesRegex(TypeError, 'iterative'):
