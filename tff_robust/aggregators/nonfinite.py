@@ -73,15 +73,8 @@ class NonfiniteFilteringFactory(iterative_steps.IterativeAggregationFactory):
     return _FilteredSteps(iterative_steps.steps_of(self._inner, value_type))
 
 
-class _FilteredSteps(iterative_steps.IterativeSteps):
-  """`inner`'s steps with the filter as their client step."""
-
-  def __init__(self, inner: iterative_steps.IterativeSteps):
-    self._inner = inner
-    self.value_type = inner.value_type
-
-  def initialize(self):
-    return self._inner.initialize()
+class _FilteredSteps(iterative_steps.WrappedSteps):
+  """`inner`'s steps, carry and all, with the filter as their client step."""
 
   def start(self, state):
     return self._inner.start(state)
