@@ -29,18 +29,13 @@ import math
 import os
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
-import tensorflow_federated as tff
 
 from tasks import builders
 from tasks import registry
+from tasks.binaries import exit_status
 from tasks.simulation import ledger
-from tasks.simulation import loop
-from tasks.simulation import pass_attacks
-from tff_robust.distributed import runtime
-from tff_robust.iterative import contributions
 
 AGGREGATORS = ('gm', 'one_step_gm', 'gamma_mean', 'secure_centered_clipping')
 # (label, registered protocol attack, its arguments).
@@ -77,6 +72,8 @@ flags.register_validator('aggregators', lambda v: set(v) <= set(AGGREGATORS),
 
 def aggregation_table() -> str:
   """Part 1's table (markdown)."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tasks.simulation import pass_attacks  # pylint: disable=g-import-not-at-top
   value_type = tff.TensorType(np.float32, [DIMENSION])
   rng = np.random.default_rng(0)
   x = 1.0 + 0.5 * rng.normal(size=(NUM_CLIENTS, DIMENSION))
@@ -108,6 +105,7 @@ def aggregation_table() -> str:
 
 
 def _config(aggregator: str, attack: str, rho: float, seed: int, bounds: bool):
+  from tff_robust.iterative import contributions  # pylint: disable=g-import-not-at-top
   factory = registry.aggregator_from_name(aggregator)
   attack_name, params = ATTACKS[attack] if attack else (None, {})
   return factory, registry.with_results_revisions(dict(
@@ -123,6 +121,8 @@ def _run_name(aggregator, attack, rho, seed, bounds) -> str:
 
 
 def train(task, aggregator, attack, rho, seed, bounds) -> ledger.Entry:
+  from tasks.simulation import loop  # pylint: disable=g-import-not-at-top
+  from tasks.simulation import pass_attacks  # pylint: disable=g-import-not-at-top
   factory, _ = _config(aggregator, attack, rho, seed, bounds)
   attack_name, params = ATTACKS[attack] if attack else (None, {})
   simulation = loop.Simulation(
@@ -244,13 +244,13 @@ def training_page() -> str:
 
 def main(argv):
   del argv
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   sections = [f'<!-- Written by `{command()}`; rerun it to update. -->', '']
-  with runtime.worker_binaries_stopped():
-    if 'aggregation' in _PARTS.value:
-      tff.backends.test.set_sync_test_cpp_execution_context()
-      sections.append(aggregation_page(aggregation_table()))
-    if 'training' in _PARTS.value:
-      sections.append(training_page())
+  if 'aggregation' in _PARTS.value:
+    tff.backends.test.set_sync_test_cpp_execution_context()
+    sections.append(aggregation_page(aggregation_table()))
+  if 'training' in _PARTS.value:
+    sections.append(training_page())
   text = '\n'.join(sections)
   print(text)
   if _OUTPUT.value:
@@ -259,4 +259,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  exit_status.run(main)
