@@ -109,10 +109,8 @@ def norm_at_most(radius: Optional[float] = None, slack: float = 1e-5) -> Bound:
 
   def admits(contribution, alpha, *context):
     limit = radius if radius is not None else context[0]
-    squares = [tf.reduce_sum(tf.square(tf.cast(x, tf.float64)))
-               for x in tf.nest.flatten(contribution)]
-    return tf.logical_and(_finite(contribution), tf.sqrt(tf.add_n(squares)) <= (
-        tf.cast(limit, tf.float64) * (1.0 + slack)))
+    return tf.logical_and(_finite(contribution), numerics.global_l2_norm(
+        contribution) <= tf.cast(limit, tf.float64) * (1.0 + slack))
 
   return Bound('norm ≤ τ', admits)
 
