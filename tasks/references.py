@@ -15,6 +15,7 @@ its arguments), and what the tests check the factories of `tff_robust` and
   gradient_masked_mean    GMA: the weighted mean masked by the sign agreement
   arc_clipped_rows        ARC's pre-aggregation clipping (rows → rows)
   capped_weights          the robust weight cap (weights → weights)
+  trust_region            the trust region's bound (a run's aggregates → bounded)
 
 Every aggregator's reference is a function `(rows [n, d], weights [n], *arguments) →
 [d]` of numpy arrays only (a pre-aggregation wrapper's maps the rows to rows); some
@@ -378,3 +379,30 @@ def capped_weights(weights: np.ndarray, quantile: float = 0.5, multiple: float =
     trace['weight_cap'] = cap
     trace['num_capped_clients'] = int(np.sum(weights > cap))
   return capped
+
+
+def trust_region(aggregates: Any, multiple: float = 2.0, window: int = 5,
+                 trace: Optional[dict[str, Any]] = None) -> list[np.ndarray]:
+  """The trust region (`tff_robust.aggregators.trust_region`) over a run: aggregate t
+  scaled to norm at most `multiple` × the lower median of the norms of the last
+  `window` bounded aggregates whose norm was finite and > 0 (none: unbounded).
+
+  `trace`, if given, gets `trust_radius` and `trust_scale`, one entry per round.
+  """
+  recent, bounded = [], []
+  radii, scales = [], []
+  for aggregate in aggregates:
+    aggregate = np.asarray(aggregate, np.float64)
+    last = sorted(recent[-window:])
+    radius = multiple * last[(len(last) - 1) // 2] if last else np.inf
+    norm = float(_row_norms(aggregate[np.newaxis])[0])
+    scale = radius / norm if norm > radius else 1.0
+    bounded.append(aggregate * scale)
+    result_norm = float(_row_norms(bounded[-1][np.newaxis])[0])
+    if np.isfinite(result_norm) and result_norm > 0:
+      recent.append(result_norm)
+    radii.append(radius)
+    scales.append(scale)
+  if trace is not None:
+    trace.update(trust_radius=radii, trust_scale=scales)
+  return bounded

@@ -18,17 +18,20 @@ factory as the first argument,
   from baselines.krum import KrumFactory
   from baselines.nnm import NearestNeighborMixingFactory
   from tff_robust import GeometricMedianFactory
-
   from tff_robust import NonfiniteFilteringFactory
+  from tff_robust import TrustRegionFactory
+
   BucketingFactory(CoordinateWiseMedianFactory())               # 'bucketing+median'
   AdaptiveRobustClippingFactory(GeometricMedianFactory(),       # 'arc+gm'
                                 byzantine_fraction=0.25)
   NearestNeighborMixingFactory(KrumFactory(byzantine_fraction=0.25),   # 'nnm+krum'
                                byzantine_fraction=0.25)
+  TrustRegionFactory(GeometricMedianFactory())                  # 'trust+gm'
 
 and `aggregator_from_name(name)` adds the outermost `NonfiniteFilteringFactory`. What a
 wrapper wraps is declared by its class (`wraps`: bucketing and NNM the gathering
-baselines, `baselines.gather.GatheringAggregationFactory`; ARC any weighted factory)
+baselines, `baselines.gather.GatheringAggregationFactory`; ARC and the trust region any
+weighted factory)
 and checked by its constructor.
 
 Every factory built here is weighted and unweighted (`create(value_type)` gives every
@@ -81,6 +84,7 @@ def _modules() -> dict[str, Any]:
   from tff_robust.aggregators import geometric_median
   from tff_robust.aggregators import gradient_masking
   from tff_robust.aggregators import nonfinite
+  from tff_robust.aggregators import trust_region
   from tff_robust.aggregators import weight_cap as weight_cap_lib
   return dict(locals())
 
@@ -171,6 +175,7 @@ WRAPPERS: dict[str, Builder] = {
     'bucketing': _Lazy('bucketing', 'BucketingFactory'),
     'nnm': _Lazy('nnm', 'NearestNeighborMixingFactory'),
     'arc': _Lazy('arc', 'AdaptiveRobustClippingFactory'),
+    'trust': _Lazy('trust_region', 'TrustRegionFactory'),
 }
 SEPARATOR = '+'
 

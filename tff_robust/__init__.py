@@ -8,6 +8,7 @@ Aggregation factories (plug into `model_aggregator=` of any TFF learning builder
   DifferentiallyPrivateWeightedMeanFactory                   (DP inner mean)
   NonfiniteFilteringFactory               (drops NaN/Inf clients in front of any of them)
   WeightCappingFactory            (caps client weights at a multiple of their median)
+  TrustRegionFactory        (bounds the aggregate's norm by the recent rounds')
 Every factory is weighted and unweighted (`create(value_type)`: weight 1 per client),
 so it also plugs into `build_unweighted_fed_avg`; `unweighted(f)` does the same for any
 other weighted factory. `original_rfa` takes the original TFF RFA's arguments
@@ -46,6 +47,7 @@ _EXPORTS = {
     'DifferentiallyPrivateWeightedMeanFactory': 'aggregators.privacy',
     'NonfiniteFilteringFactory': 'aggregators.nonfinite',
     'WeightCappingFactory': 'aggregators.weight_cap',
+    'TrustRegionFactory': 'aggregators.trust_region',
     'build_robust_federated_aggregation_process': 'learning.processes',
     'build_one_step_robust_federated_aggregation_process': 'learning.processes',
     'build_process_with_aggregator': 'learning.processes',

@@ -34,6 +34,9 @@ README_END = '<!-- leaderboard:end -->'
 # attack is in the grid unless it is added here.
 _ARC_ROWS = ('ARC, which wraps any aggregator, is shown in front of one aggregator of '
              'each kind only (the mean, the GM, the median and Krum), to bound the grid')
+_TRUST_ROWS = ('the trust region, which wraps any aggregator, bounds the breakdown of '
+               'the GM and one-step RFA only (rounds with a corrupted majority), to '
+               'bound the grid')
 EXCLUDED_AGGREGATORS = {
     'gathered_gm': "computes what 'gm' does, with the updates gathered at the server; "
                    "it is the grid's 'gm' behind bucketing and NNM",
@@ -47,6 +50,9 @@ EXCLUDED_AGGREGATORS = {
     'arc+norm_clipping': _ARC_ROWS,
     'arc+centered_clipping': _ARC_ROWS,
     'arc+secure_centered_clipping': _ARC_ROWS,
+    **{f'trust+{name}': _TRUST_ROWS for name in (
+        'mean', 'gamma_mean', 'gma', 'median', 'trimmed_mean', 'krum', 'multi_krum',
+        'norm_clipping', 'centered_clipping', 'secure_centered_clipping')},
 }
 _NON_FINITE = ('a client fault, not an attack: the filter in front of every '
                'aggregator drops such clients whatever the aggregator')

@@ -11,6 +11,8 @@
                       weights: negative, subnormal, non-finite)
   weight_cap          WeightCappingFactory (caps client weights at a multiple of their
                       median, from one secure sum)
+  trust_region        TrustRegionFactory (the aggregate's norm at most a multiple of
+                      the recent rounds' median, server-side)
   original_rfa        the original TFF RFA's entry points, with their meaning
   robust_scale        the clients' typical distance behind the GM's relative ν, and
                       the trimmed start's radius histogram

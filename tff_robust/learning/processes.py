@@ -32,6 +32,7 @@ from tff_robust.common.tff_private import model_delta_client_work
 
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import nonfinite
+from tff_robust.aggregators import trust_region
 from tff_robust.aggregators import weight_cap
 from tff_robust.distributed import passwise
 
@@ -61,6 +62,7 @@ def build_robust_federated_aggregation_process(
     report_max_effective_weight: bool = True,
     report_objective: bool = True,
     cap_weights: bool = True,
+    bound_by_recent_steps: bool = True,
     client_weighting: Optional[tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
     model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
     metrics_aggregator=None,
@@ -104,6 +106,11 @@ def build_robust_federated_aggregation_process(
       of a weight histogram per round, measured as `weight_cap` and
       `num_capped_clients`): α_i is what a client reports, and one client reporting
       the others' total owns the median. False: the weights as reported.
+    bound_by_recent_steps: scale the aggregate down to at most 2 × the median norm
+      of the last 5 rounds' aggregates (`tff_robust.TrustRegionFactory`, server-side,
+      no communication; measured as `trust_radius` and `trust_scale`): the median
+      breaks down in a round whose sampled weight is mostly corrupted, and this
+      keeps that round's step of the usual length. False: the median as computed.
     client_weighting: α_i: `tff.learning.ClientWeighting.NUM_EXAMPLES` (paper) or
       `UNIFORM`, or a callable of the local training outputs.
     model_distributor: as for `build_weighted_fed_avg`.
@@ -115,7 +122,7 @@ def build_robust_federated_aggregation_process(
   """
   _check_optimizer('client_optimizer_fn', client_optimizer_fn)
   _check_optimizer('server_optimizer_fn', server_optimizer_fn)
-  aggregator = nonfinite.NonfiniteFilteringFactory(_capped(
+  aggregator = _robust(
       geometric_median.GeometricMedianFactory(
           num_communication_passes=num_communication_passes,
           nu=nu,
@@ -125,7 +132,7 @@ def build_robust_federated_aggregation_process(
           initial_point=initial_point,
           report_max_effective_weight=report_max_effective_weight,
           report_objective=report_objective,
-      ), cap_weights))
+      ), cap_weights, bound_by_recent_steps)
   return build_process_with_aggregator(
       model_fn, client_optimizer_fn, server_optimizer_fn, aggregator,
       client_weighting=client_weighting,
@@ -146,6 +153,7 @@ def build_one_step_robust_federated_aggregation_process(
     report_max_effective_weight: bool = True,
     report_objective: bool = True,
     cap_weights: bool = True,
+    bound_by_recent_steps: bool = True,
     client_weighting: Optional[
         tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
     model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
@@ -156,10 +164,10 @@ def build_one_step_robust_federated_aggregation_process(
 
   The arguments of `build_robust_federated_aggregation_process` that make sense for
   one Weiszfeld step from the zero update (all but `num_communication_passes`,
-  `tolerance` and `initial_point`; `cap_weights` on by default). With the default
-  relative ν a round makes one more (scalar-histogram) sum before the mean, and the
-  weight cap one more (the weight histogram's); `nu=1e-6, cap_weights=False` is the
-  paper's form, a single aggregation when `report_objective=False` (the `objective`
+  `tolerance` and `initial_point`; `cap_weights` and `bound_by_recent_steps` on by
+  default). With the default relative ν a round makes one more (scalar-histogram) sum
+  before the mean, and the weight cap one more (the weight histogram's);
+  `nu=1e-6, cap_weights=False, bound_by_recent_steps=False` is the paper's form, a single aggregation when `report_objective=False` (the `objective`
   needs the step's result).
 
   Returns:
@@ -167,11 +175,11 @@ def build_one_step_robust_federated_aggregation_process(
   """
   _check_optimizer('client_optimizer_fn', client_optimizer_fn)
   _check_optimizer('server_optimizer_fn', server_optimizer_fn)
-  aggregator = nonfinite.NonfiniteFilteringFactory(_capped(
+  aggregator = _robust(
       geometric_median.one_step_geometric_median_factory(
           nu=nu, relative_nu=relative_nu, inner_mean_factory=inner_mean_factory,
           report_max_effective_weight=report_max_effective_weight,
-          report_objective=report_objective), cap_weights))
+          report_objective=report_objective), cap_weights, bound_by_recent_steps)
   return build_process_with_aggregator(
       model_fn, client_optimizer_fn, server_optimizer_fn, aggregator,
       client_weighting=client_weighting,
@@ -181,10 +189,18 @@ def build_one_step_robust_federated_aggregation_process(
   )
 
 
-def _capped(factory, cap_weights: bool):
-  if not isinstance(cap_weights, bool):
-    raise TypeError(f'cap_weights must be True or False, got {cap_weights!r}.')
-  return weight_cap.WeightCappingFactory(factory) if cap_weights else factory
+def _robust(factory, cap_weights: bool, bound_by_recent_steps: bool):
+  """`factory` inside the weight cap and the trust region (each if asked), inside
+  the non-finite filter."""
+  for name, value in (('cap_weights', cap_weights),
+                      ('bound_by_recent_steps', bound_by_recent_steps)):
+    if not isinstance(value, bool):
+      raise TypeError(f'{name} must be True or False, got {value!r}.')
+  if cap_weights:
+    factory = weight_cap.WeightCappingFactory(factory)
+  if bound_by_recent_steps:
+    factory = trust_region.TrustRegionFactory(factory)
+  return nonfinite.NonfiniteFilteringFactory(factory)
 
 
 def build_process_with_aggregator(

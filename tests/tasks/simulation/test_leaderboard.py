@@ -93,7 +93,7 @@ _COMMITTED_AGGREGATORS = [
     'bucketing+multi_krum', 'bucketing+centered_clipping', 'bucketing+gm',
     'nnm+median', 'nnm+trimmed_mean', 'nnm+krum', 'nnm+multi_krum',
     'nnm+centered_clipping', 'nnm+gm',
-    'arc+mean', 'arc+gm', 'arc+median', 'arc+krum']
+    'arc+mean', 'arc+gm', 'arc+median', 'arc+krum', 'trust+gm', 'trust+one_step_gm']
 _COMMITTED_ATTACKS = [
     'gaussian', 'omniscient', 'sign_flip', 'alie', 'ipm', 'zero_update', 'tiny_update',
     'far_update', 'random_gaussian', 'min_max', 'min_sum', 'mimic', 'optimal_alie',
@@ -118,7 +118,8 @@ class DefaultGridTest(parameterized.TestCase):
       grid = leaderboard.default_aggregators()
     new = [name for name in grid if 'new_' in name]
     self.assertEqual(new, ['new_gathering', 'new_secure', 'bucketing+new_gathering',
-                           'nnm+new_gathering', 'arc+new_gathering', 'arc+new_secure'])
+                           'nnm+new_gathering', 'arc+new_gathering', 'arc+new_secure',
+                           'trust+new_gathering', 'trust+new_secure'])
     self.assertEqual([name for name in grid if 'new_' not in name],
                      _COMMITTED_AGGREGATORS)
 

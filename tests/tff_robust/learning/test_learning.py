@@ -82,11 +82,30 @@ class RobustProcessTest(parameterized.TestCase):
     output = uncapped.next(uncapped.initialize(), client_datasets(6, sizes=sizes))
     self.assertNotIn('weight_cap', output.metrics['aggregator'])
 
-  def test_cap_weights_must_be_a_bool(self):
-    with self.assertRaisesRegex(TypeError, 'cap_weights'):
+  @parameterized.named_parameters(*BUILDERS)
+  def test_bounds_the_step_by_the_recent_ones_by_default(self, build):
+    # Round 1 is unbounded; round 2's bound is 2 × round 1's step (SGD at rate 1:
+    # the step is the aggregate).
+    optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.5)
+    process = build(model_fn, optimizer)
+    state = process.initialize()
+    first = process.next(state, client_datasets(4))
+    step = np.linalg.norm(flat(process.get_model_weights(first.state)) -
+                          flat(process.get_model_weights(state)))
+    self.assertEqual(first.metrics['aggregator']['trust_radius'], np.inf)
+    second = process.next(first.state, client_datasets(4))
+    np.testing.assert_allclose(second.metrics['aggregator']['trust_radius'],
+                               2 * step, rtol=1e-5)
+    unbounded = build(model_fn, optimizer, bound_by_recent_steps=False)
+    output = unbounded.next(unbounded.initialize(), client_datasets(4))
+    self.assertNotIn('trust_radius', output.metrics['aggregator'])
+
+  @parameterized.parameters('cap_weights', 'bound_by_recent_steps')
+  def test_switches_must_be_bools(self, name):
+    with self.assertRaisesRegex(TypeError, name):
       tff_robust.build_robust_federated_aggregation_process(
           model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.5),
-          cap_weights='yes')
+          **{name: 'yes'})
 
   def test_same_result_as_fed_avg_for_one_client(self):
     # The geometric median of one point is that point.
