@@ -153,7 +153,7 @@ def build_one_step_robust_federated_aggregation_process(
     report_max_effective_weight: bool = True,
     report_objective: bool = True,
     cap_weights: bool = True,
-    bound_by_recent_steps: bool = True,
+    bound_by_recent_steps: bool = False,
     client_weighting: Optional[
         tff.learning.ClientWeighting] = _DEFAULT_CLIENT_WEIGHTING,
     model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
@@ -164,11 +164,13 @@ def build_one_step_robust_federated_aggregation_process(
 
   The arguments of `build_robust_federated_aggregation_process` that make sense for
   one Weiszfeld step from the zero update (all but `num_communication_passes`,
-  `tolerance` and `initial_point`; `cap_weights` and `bound_by_recent_steps` on by
-  default). With the default relative ν a round makes one more (scalar-histogram) sum
-  before the mean, and the weight cap one more (the weight histogram's);
-  `nu=1e-6, cap_weights=False, bound_by_recent_steps=False` is the paper's form, a single aggregation when `report_objective=False` (the `objective`
-  needs the step's result).
+  `tolerance` and `initial_point`; `cap_weights` on by default). `bound_by_recent_steps`
+  is off by default here: the one step is anchored at the current model already, and
+  an attack that shortens the steps (tiny updates) shortens the bound with them
+  (docs/aggregators.md, "Trust region"). With the default relative ν a round makes one
+  more (scalar-histogram) sum before the mean, and the weight cap one more (the weight
+  histogram's); `nu=1e-6, cap_weights=False` is the paper's form, a single aggregation
+  when `report_objective=False` (the `objective` needs the step's result).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.

@@ -82,12 +82,16 @@ class RobustProcessTest(parameterized.TestCase):
     output = uncapped.next(uncapped.initialize(), client_datasets(6, sizes=sizes))
     self.assertNotIn('weight_cap', output.metrics['aggregator'])
 
-  @parameterized.named_parameters(*BUILDERS)
-  def test_bounds_the_step_by_the_recent_ones_by_default(self, build):
-    # Round 1 is unbounded; round 2's bound is 2 × round 1's step (SGD at rate 1:
-    # the step is the aggregate).
+  @parameterized.named_parameters(
+      ('rfa', tff_robust.build_robust_federated_aggregation_process, {},
+       {'bound_by_recent_steps': False}),
+      ('one_step_rfa', tff_robust.build_one_step_robust_federated_aggregation_process,
+       {'bound_by_recent_steps': True}, {}))
+  def test_bounds_the_step_by_the_recent_ones(self, build, switch, off):
+    # Round 1 is unbounded; round 2's bound is 2 × round 1's step (the server's SGD
+    # at rate 1: the step is the aggregate). On by default in RFA only.
     optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.5)
-    process = build(model_fn, optimizer)
+    process = build(model_fn, optimizer, **switch)
     state = process.initialize()
     first = process.next(state, client_datasets(4))
     step = np.linalg.norm(flat(process.get_model_weights(first.state)) -
@@ -96,7 +100,7 @@ class RobustProcessTest(parameterized.TestCase):
     second = process.next(first.state, client_datasets(4))
     np.testing.assert_allclose(second.metrics['aggregator']['trust_radius'],
                                2 * step, rtol=1e-5)
-    unbounded = build(model_fn, optimizer, bound_by_recent_steps=False)
+    unbounded = build(model_fn, optimizer, **off)
     output = unbounded.next(unbounded.initialize(), client_datasets(4))
     self.assertNotIn('trust_radius', output.metrics['aggregator'])
 
