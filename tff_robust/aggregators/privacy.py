@@ -19,6 +19,7 @@ from tff_robust.aggregators import weight_cap
 from tff_robust.common import arguments
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
+from tff_robust.common import tff_private
 from tff_robust.common import unit_weights
 
 
@@ -106,11 +107,14 @@ class DifferentiallyPrivateWeightedMeanFactory(unit_weights.WeightedOrUnweighted
         for the unit weights of unweighted training, where the iterative aggregates'
         β_i ≤ α_i = 1 are never cut).
       record_aggregation_factory: how the records are summed, e.g.
-        `tff.aggregators.SecureSumFactory(...)`; default a plain sum.
+        `tff.aggregators.SecureSumFactory(1.0, -1.0)` (a record's coordinates are
+        in [-1, 1]); default a plain sum. TFF's `DistributedDpSumFactory` is
+        refused (see the ValueError's message).
 
     Raises:
       TypeError: if an argument is not a number.
-      ValueError: if `noise_multiplier` < 0, `clip` <= 0 or `weight_bound` <= 0.
+      ValueError: if `noise_multiplier` < 0, `clip` <= 0 or `weight_bound` <= 0, or
+        `record_aggregation_factory` is TFF's distributed DP sum.
     """
     self._noise_multiplier = arguments.check_nonnegative_float('noise_multiplier',
                                                                noise_multiplier)
@@ -183,6 +187,7 @@ class DifferentiallyPrivateWeightedMeanFactory(unit_weights.WeightedOrUnweighted
   def _init(self, weight_bound, record_aggregation_factory, quantile):
     self._weight_bound = arguments.check_positive_float('weight_bound', weight_bound)
     self._quantile = quantile
+    _check_record_sum(record_aggregation_factory)
     query = tfp.GaussianSumQuery(
         l2_norm_clip=RECORD_SENSITIVITY,
         stddev=RECORD_SENSITIVITY * self._value_noise_multiplier)
@@ -310,6 +315,23 @@ class DifferentiallyPrivateWeightedMeanFactory(unit_weights.WeightedOrUnweighted
       )
 
     return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def _check_record_sum(factory) -> None:
+  """Refuses TFF's distributed DP as the records' sum, saying why and what to use."""
+  if isinstance(factory, tff_private.distributed_dp.DistributedDpSumFactory):
+    raise ValueError(
+        "record_aggregation_factory is TFF's DistributedDpSumFactory (distributed DP, "
+        'as in tff.learning.ddp_secure_aggregator), which the iterative aggregates '
+        "cannot use in TFF 0.87: an aggregate around it fails to build (TFF's "
+        'serialization of the nested computation exceeds protobuf\'s nesting limit, '
+        'a DecodeError; TFF\'s own ddp_secure_aggregator fails the same way in its '
+        'test context), its noise reports no DP event (UnsupportedDpEvent: no ε from '
+        'dp_accounting), and this mean would add its central noise on top. For '
+        'secure aggregation of the records use record_aggregation_factory='
+        'tff.aggregators.SecureSumFactory(1.0, -1.0) (every coordinate of a record '
+        'is in [-1, 1], so nothing is clipped), the server adding the accounted '
+        'central noise to the secure sum.')
 
 
 def client_record(value, weight, clip, weight_bound):

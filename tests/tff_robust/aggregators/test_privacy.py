@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from tff_robust.common.tff_private import building_blocks
+from tff_robust.common.tff_private import distributed_dp
 from tff_robust.common.tff_private import tree_analysis
 
 from baselines import coordinatewise
@@ -409,6 +410,67 @@ class RecordTest(parameterized.TestCase):
     with self.assertRaisesRegex(error, name):
       tff_robust.DifferentiallyPrivateWeightedMeanFactory.adaptive(**kwargs)
 
+
+
+def secure_record_dp_mean(noise_multiplier=0.0, clip=10.0):
+  return tff_robust.DifferentiallyPrivateWeightedMeanFactory(
+      noise_multiplier, clip,
+      record_aggregation_factory=tff.aggregators.SecureSumFactory(1.0, -1.0))
+
+
+class SecureRecordSumTest(aggregator_cases.SecureSumContextMixin,
+                          parameterized.TestCase):
+  """Secure aggregation of the DP mean's records (TFF's distributed DP is refused)."""
+
+  def test_secure_record_sum_matches_the_plain_one(self):
+    # A record's coordinates are in [-1, 1]: SecureSumFactory(1.0, -1.0) clips
+    # nothing and only quantises.
+    rng = np.random.default_rng(6)
+    values = _values(rng, 6, scale=2.0)
+    weights = [np.float32(1)] * 6
+
+    def run(inner):
+      process = tff_robust.GeometricMedianFactory(inner_mean_factory=inner).create(
+          VALUE_TYPE, WEIGHT_TYPE)
+      return process.next(process.initialize(), values, weights).result
+
+    plain = run(tff_robust.DifferentiallyPrivateWeightedMeanFactory(0.0, 10.0))
+    secure = run(secure_record_dp_mean())
+    for name in plain:
+      np.testing.assert_allclose(secure[name], plain[name], atol=1e-4)
+
+  def test_model_sized_values_leave_only_through_secure_sums(self):
+    process = tff_robust.GeometricMedianFactory(
+        inner_mean_factory=secure_record_dp_mean(0.5, 1.0)).create(VALUE_TYPE,
+                                                                   WEIGHT_TYPE)
+    model_sized = [(uri, member)
+                   for uri, member in client_to_server_intrinsics(process.next)
+                   if not only_scalars(member)]
+    self.assertNotEmpty(model_sized)
+    for uri, member in model_sized:
+      self.assertIn(uri, SECURE_SUMS, f'{uri} moves {member} to the server')
+
+  @parameterized.named_parameters(
+      ('fixed', lambda ddp: tff_robust.DifferentiallyPrivateWeightedMeanFactory(
+          1.0, 1.0, record_aggregation_factory=ddp)),
+      ('adaptive', lambda ddp: tff_robust.DifferentiallyPrivateWeightedMeanFactory.
+       adaptive(1.0, 10, record_aggregation_factory=ddp)),
+  )
+  def test_distributed_dp_sum_is_refused_with_why_and_what_to_use(self, build):
+    ddp = distributed_dp.DistributedDpSumFactory(
+        noise_multiplier=1.0, expected_clients_per_round=10, bits=20, l2_clip=1.5)
+    with self.assertRaisesRegex(ValueError, 'DistributedDpSumFactory') as raised:
+      build(ddp)
+    for part in ('DecodeError', 'UnsupportedDpEvent',
+                 'record_aggregation_factory=tff.aggregators.SecureSumFactory(1.0, '
+                 '-1.0)'):
+      self.assertIn(part, str(raised.exception))
+
+  def test_ddp_secure_aggregator_as_the_inner_mean_is_refused(self):
+    # TFF's distributed-DP mean is unweighted (and divides by a count).
+    with self.assertRaises(TypeError):
+      tff_robust.GeometricMedianFactory(
+          inner_mean_factory=tff.learning.ddp_secure_aggregator(0.5, 10))
 
 
 # The DP configurations of the iterative aggregates. Each: the factory built around a
