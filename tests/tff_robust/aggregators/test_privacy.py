@@ -536,6 +536,14 @@ DP_CONFIGURATIONS = (
      VALUE_TYPE, [VALUE_TYPE],
      dict(dp_sum=1, dp_clip_count=1, nu_histogram=1, first_beta_sum=1, max_weight=1,
           objective=1)),
+    # The configuration docs/aggregators.md recommends under DP, reports off: the
+    # ν histogram and the filter's count are all it sends un-noised.
+    ('recommended_one_step_gm', lambda: tff_robust.NonfiniteFilteringFactory(
+        tff_robust.one_step_geometric_median_factory(
+            relative_nu=1.0, inner_mean_factory=dp_adaptive_inner(),
+            report_max_effective_weight=False, report_objective=False)),
+     VALUE_TYPE, [VALUE_TYPE],
+     dict(dp_sum=1, dp_clip_count=1, nu_histogram=1, num_nonfinite=1)),
     ('filtered_capped_gm', lambda: tff_robust.NonfiniteFilteringFactory(
         weight_cap.WeightCappingFactory(tff_robust.GeometricMedianFactory(
             inner_mean_factory=dp_inner()))),
