@@ -1,13 +1,18 @@
 """ε and δ of a run with the differentially private inner mean, through `dp_accounting`.
 
-What is accounted: the values the inner mean returns
+What is accounted: the values the inner mean returns and its clip
 (`tff_robust.DifferentiallyPrivateWeightedMeanFactory`). Each call is one Gaussian
-mechanism on the records of the round's clients: record (β_i x_i, β_i) clipped to L2
-norm C, N(0, (z·C)²) on the sum, so noise multiplier z at L2 sensitivity C when one
-client is added or removed. An iterative aggregate calls it R times a round on the same
-clients (the geometric median's R passes, the γ-mean's S iterations and its start),
-each pass's β computed from the previous passes' noised results: a round is R
-adaptively composed Gaussian mechanisms, `SelfComposedDpEvent(GaussianDpEvent(z), R)`.
+mechanism on the records of the round's clients: record β̃_i·(x̃_i/C, 1), L2 norm at
+most √2 (x̃ the value clipped to C, β̃ ∈ [0, 1] the weight over its public bound),
+N(0, (z·√2)²) on the sum, so noise multiplier z at L2 sensitivity √2 when one client
+is added or removed. With the adaptive clip (`.adaptive`) a call is two Gaussian
+mechanisms on the same clients, the records' (z_v) and the clip count's (z_c = 2σ_c),
+composed to one of z = (z_v⁻² + z_c⁻²)^(-1/2): `factory.dp_event()`. An iterative
+aggregate calls it R times a round on the same clients (the geometric median's R
+passes, the γ-mean's S iterations and its start), each pass's β computed from the
+previous passes' noised results: a round is R adaptively composed calls,
+`SelfComposedDpEvent(dp_event, R)`, `SelfComposedDpEvent(GaussianDpEvent(z), R)` for a
+fixed clip.
 The round's clients are a sample: with `clients_per_round` of `total_clients` the
 sampling probability is q = clients_per_round / total_clients, accounted as Poisson
 sampling of each client with probability q: TFF's and tensorflow-privacy's
@@ -88,7 +93,8 @@ def epsilon(noise_multiplier: float, passes: int, rounds: int,
   module docstring); inf for `noise_multiplier=0`.
 
   Args:
-    noise_multiplier: z >= 0 of `DifferentiallyPrivateWeightedMeanFactory`.
+    noise_multiplier: z >= 0 of `DifferentiallyPrivateWeightedMeanFactory` (of
+      `.adaptive`: the call's total, the clip count's included).
     passes: R >= 1, its calls per round (`num_communication_passes` of the
       geometric median; S + 1 for the γ-mean's mean start: `round_event_of`).
     rounds: T >= 1 training rounds.
@@ -166,8 +172,9 @@ def noise_multiplier_for(target_epsilon: float, passes: int, rounds: int,
 
 
 def round_event_of(factory) -> dp_accounting.DpEvent:
-  """The DP event of one round of `factory` on its sampled clients: one Gaussian
-  mechanism per call of its `DifferentiallyPrivateWeightedMeanFactory`.
+  """The DP event of one round of `factory` on its sampled clients: one
+  `dp_event()` (a Gaussian, or the adaptive clip's two) per call of its
+  `DifferentiallyPrivateWeightedMeanFactory`.
 
   Understands `DifferentiallyPrivateWeightedMeanFactory` itself (one call),
   `GeometricMedianFactory` (R = `num_communication_passes` calls, one-step RFA 1),
@@ -183,7 +190,7 @@ def round_event_of(factory) -> dp_accounting.DpEvent:
       `epsilon(noise_multiplier, R, ...)`).
   """
   if isinstance(factory, privacy.DifferentiallyPrivateWeightedMeanFactory):
-    return dp_accounting.GaussianDpEvent(factory.noise_multiplier)
+    return _event_of_mean(factory)
   if isinstance(factory, (nonfinite.NonfiniteFilteringFactory,
                           weight_cap.WeightCappingFactory)):
     return round_event_of(factory.inner)
@@ -207,8 +214,11 @@ def _calls(factory, inner, count: int) -> dp_accounting.DpEvent:
         'tff_robust.DifferentiallyPrivateWeightedMeanFactory: its means reach the '
         'server un-noised, so a run has no ε. Pass inner_mean_factory='
         'tff_robust.DifferentiallyPrivateWeightedMeanFactory(noise_multiplier, clip).')
-  return dp_accounting.SelfComposedDpEvent(
-      dp_accounting.GaussianDpEvent(inner.noise_multiplier), count)
+  return dp_accounting.SelfComposedDpEvent(_event_of_mean(inner), count)
+
+
+def _event_of_mean(mean) -> dp_accounting.DpEvent:
+  return mean.dp_event()
 
 
 def _compose(events) -> dp_accounting.DpEvent:

@@ -7,7 +7,8 @@ against. What needs them: the in-process evaluation of TFF computations
 (`tasks.simulation.in_process`), the multi-worker runtime
 (`tff_robust.distributed.execution`), the client update of TFF's model-delta client
 work (`tff_robust.learning.processes`), the original TFF RFA baseline
-(`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`), and a
+(`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`), TFF's
+distributed DP sum (`tff_robust.aggregators.privacy`, not exported by 0.87), and a
 few tests.
 
 Porting to another TFF release: change `SUPPORTED_TFF` and, for every module below
@@ -29,6 +30,7 @@ from tensorflow.python.eager import context as eager_context
 from tensorflow.python.eager import wrap_function
 from tensorflow.python.eager.polymorphic_function import attributes as function_attributes
 from tensorflow_federated.python.aggregators import differential_privacy
+from tensorflow_federated.python.aggregators import distributed_dp
 from tensorflow_federated.python.aggregators import robust
 from tensorflow_federated.python.common_libs import async_utils
 from tensorflow_federated.python.common_libs import structure

@@ -203,13 +203,63 @@ class FactoryEventTest(parameterized.TestCase):
                                   tff.TensorType(np.float32))
     output = process.next(process.initialize(), [np.ones(3, np.float32)] * 3,
                           [np.float32(1)] * 3)
-    reported = differential_privacy.extract_dp_event_from_state(output.state)
+    reported = differential_privacy.extract_dp_event_from_state(output.state['dp_sum'])
     accounted = accounting.round_event_of(dp_mean(0.7))
     self.assertIsInstance(reported, dp_accounting.GaussianDpEvent)
     self.assertIsInstance(accounted, dp_accounting.GaussianDpEvent)
     # The state holds it in float32.
     self.assertAlmostEqual(reported.noise_multiplier, accounted.noise_multiplier,
                            places=6)
+
+
+def adaptive_mean(z=1.2, stddev=1.0):
+  return tff_robust.DifferentiallyPrivateWeightedMeanFactory.adaptive(
+      z, clients_per_round=10, clipped_count_stddev=stddev)
+
+
+class AdaptiveClipAccountingTest(parameterized.TestCase):
+  """The adaptive clip's noised count is a Gaussian mechanism on the same clients,
+  composed with the records' in every call."""
+
+  def test_hand_composed_with_dp_accounting(self):
+    # The GM's 3 calls a round, each the records' Gaussian of z_v and the count's of
+    # z_c = 2σ_c, 30 rounds sampled at q = 0.1, composed by hand with dp_accounting's
+    # RDP accountant.
+    z, stddev, rounds, q, delta = 1.2, 1.0, 30, 0.1, 1e-5
+    z_v = (z ** -2 - (2 * stddev) ** -2) ** -0.5
+    call = dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(z_v),
+                                          dp_accounting.GaussianDpEvent(2 * stddev)])
+    run = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        q, dp_accounting.SelfComposedDpEvent(call, 3)), rounds)
+    by_hand = dp_accounting.rdp.RdpAccountant().compose(run).get_epsilon(delta)
+    factory = tff_robust.GeometricMedianFactory(
+        inner_mean_factory=adaptive_mean(z, stddev))
+    got = accounting.epsilon_of(factory, rounds, q, delta)
+    self.assertAlmostEqual(got, by_hand, delta=1e-9 * by_hand)
+    # z is the call's total, as in TFF: the same ε as a fixed clip at z, and more
+    # than the records' Gaussian alone (the count is accounted, not free).
+    self.assertAlmostEqual(got, accounting.epsilon(z, 3, rounds, q, delta),
+                           delta=1e-6 * got)
+    self.assertGreater(got, accounting.epsilon(z_v, 3, rounds, q, delta) * 1.05)
+    # And the PLD accountant agrees through the equivalent single Gaussian.
+    self.assertAlmostEqual(
+        accounting.epsilon_of(factory, rounds, q, delta, accountant='pld'),
+        accounting.epsilon(z, 3, rounds, q, delta, accountant='pld'), delta=1e-3)
+
+  def test_the_count_event_is_the_quantile_query_s_own(self):
+    # tensorflow-privacy's QuantileEstimatorQuery reports its count's DP event: the
+    # Gaussian the accountant composes.
+    import tensorflow_privacy as tfp  # pylint: disable=g-import-not-at-top
+    query = tfp.QuantileEstimatorQuery(
+        initial_estimate=0.1, target_quantile=0.5, learning_rate=0.2,
+        below_estimate_stddev=1.0, expected_num_records=10, geometric_update=True)
+    global_state = query.initial_global_state()
+    _, _, reported = query.get_noised_result(query.initial_sample_state(),
+                                             global_state)
+    accounted = adaptive_mean(1.2, 1.0).dp_event().events[1]
+    self.assertIsInstance(reported, dp_accounting.GaussianDpEvent)
+    self.assertAlmostEqual(float(reported.noise_multiplier),
+                           accounted.noise_multiplier, places=6)
 
 
 if __name__ == '__main__':

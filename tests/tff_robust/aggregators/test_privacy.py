@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from tff_robust.common.tff_private import building_blocks
+from tff_robust.common.tff_private import distributed_dp
 from tff_robust.common.tff_private import tree_analysis
 
 from baselines import coordinatewise
@@ -216,13 +217,13 @@ class DifferentiallyPrivateInnerMeanTest(parameterized.TestCase):
 
     exact = run(None)
     private = run(tff_robust.DifferentiallyPrivateWeightedMeanFactory(
-        noise_multiplier=0.0, clip=1e6))
+        noise_multiplier=0.0, clip=1e6, weight_bound=3.0))
     for name in exact:
       np.testing.assert_allclose(private[name], exact[name], rtol=1e-5, atol=1e-6)
 
   def test_noise_spread_matches_configured_scale(self):
-    # All clients at 0 with ν = 1: every β_i = 1, records (0, 1) are never clipped,
-    # and the result is the noise on the numerator divided by the noisy Σβ = m + n.
+    # All clients at 0 with ν = 1: every β_i = 1, records (0, 1), and the result is C
+    # times the numerator's noise N(0, 2z²) divided by the noisy Σβ = m + n.
     num_clients, noise_multiplier, clip = 20, 0.5, 1.0
     factory = tff_robust.GeometricMedianFactory(
         num_communication_passes=2, nu=1.0,
@@ -237,7 +238,7 @@ class DifferentiallyPrivateInnerMeanTest(parameterized.TestCase):
       state = output.state
       draws.append(np.concatenate([np.ravel(output.result[k]) for k in zeros]))
     observed = np.std(np.stack(draws))
-    expected = noise_multiplier * clip / num_clients
+    expected = privacy.RECORD_SENSITIVITY * noise_multiplier * clip / num_clients
     self.assertBetween(observed / expected, 0.85, 1.15)
 
   @parameterized.named_parameters(
@@ -256,7 +257,7 @@ class DifferentiallyPrivateInnerMeanTest(parameterized.TestCase):
         bias=rng.normal(size=3).astype(bias_dtype)) for _ in range(5)]
     weights = rng.uniform(1, 3, size=5).astype(np.float32)
     process = tff_robust.DifferentiallyPrivateWeightedMeanFactory(
-        noise_multiplier=0.0, clip=1e6).create(value_type, WEIGHT_TYPE)
+        noise_multiplier=0.0, clip=1e6, weight_bound=3.0).create(value_type, WEIGHT_TYPE)
     result = process.next(process.initialize(), values, list(weights)).result
     for name, dtype in (('kernel', kernel_dtype), ('bias', bias_dtype)):
       expected = np.average([v[name].astype(np.float64) for v in values], axis=0,
@@ -267,6 +268,8 @@ class DifferentiallyPrivateInnerMeanTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ('negative_noise', dict(noise_multiplier=-1.0, clip=1.0), 'noise_multiplier'),
       ('zero_clip', dict(noise_multiplier=1.0, clip=0.0), 'clip'),
+      ('zero_weight_bound', dict(noise_multiplier=1.0, clip=1.0, weight_bound=0.0),
+       'weight_bound'),
   )
   def test_bad_argument_is_named(self, kwargs, name):
     with self.assertRaisesRegex(ValueError, name):
@@ -285,6 +288,190 @@ class DifferentiallyPrivateInnerMeanTest(parameterized.TestCase):
         noise_multiplier=np.float32(0.5), clip=np.float64(1.0))
 
 
+def numpy_record(value, weight, clip, weight_bound):
+  """The record β̃·(x̃/C, 1) by hand: x̃ = x·min(1, C/‖x‖), β̃ = min(β, B)/B."""
+  flat = np.concatenate([np.ravel(v).astype(np.float64) for v in value.values()])
+  norm = np.linalg.norm(flat)
+  beta = min(max(float(weight), 0.0), weight_bound) / weight_bound
+  if not np.isfinite(norm):
+    beta = 0.0
+  if beta == 0:  # A zero record (no NaN from 0 · NaN).
+    return collections.OrderedDict(
+        (k, np.zeros(np.shape(v))) for k, v in value.items()), beta
+  scale = beta * min(1.0, clip / norm) / clip
+  return collections.OrderedDict(
+      (k, np.asarray(v, np.float64) * scale) for k, v in value.items()), beta
+
+
+def numpy_mean(values, weights, clip, weight_bound):
+  """The DP mean without noise by hand: Σ β̃_i x̃_i / Σ β̃_i."""
+  records = [numpy_record(v, w, clip, weight_bound) for v, w in zip(values, weights)]
+  total = sum(beta for _, beta in records)
+  return collections.OrderedDict(
+      (k, clip * sum(r[k] for r, _ in records) / total) for k in values[0])
+
+
+def _values(rng, num, scale=1.0):
+  return [collections.OrderedDict(
+      kernel=(scale * rng.normal(size=(4, 3))).astype(np.float32),
+      bias=(scale * rng.normal(size=3)).astype(np.float32)) for _ in range(num)]
+
+
+class RecordTest(parameterized.TestCase):
+  """The record and its clip against an independent numpy computation."""
+
+  def test_record_matches_numpy_and_is_within_the_sensitivity(self):
+    rng = np.random.default_rng(3)
+    values = _values(rng, 6, scale=3.0)
+    values[1]['bias'][0] = np.nan
+    weights = [0.5, 2.0, 7.0, 0.0, 1.5, 3.9]
+    clip, weight_bound = 2.0, 4.0
+    for value, weight in zip(values, weights):
+      record = privacy.client_record(value, tf.constant(weight, tf.float32),
+                                     tf.constant(clip, tf.float32), weight_bound)
+      expected, beta = numpy_record(value, weight, clip, weight_bound)
+      np.testing.assert_allclose(record['weight'], beta, rtol=1e-6)
+      for name in value:
+        np.testing.assert_allclose(record['weighted_value'][name], expected[name],
+                                   rtol=1e-5, atol=1e-7)
+      squared = float(record['weight']) ** 2 + sum(
+          float(np.sum(np.square(t))) for t in record['weighted_value'].values())
+      self.assertLessEqual(np.sqrt(squared), privacy.RECORD_SENSITIVITY * (1 + 1e-6))
+
+  def test_mean_is_the_weighted_mean_of_clipped_updates(self):
+    # Without noise: Σ β̃ x̃ / Σ β̃, the clip binding for most clients and B cutting
+    # the largest weights.
+    rng = np.random.default_rng(4)
+    values = _values(rng, 7, scale=2.0)
+    weights = [float(w) for w in rng.uniform(0.2, 3.0, size=7)]
+    clip, weight_bound = 3.0, 2.0
+    process = tff_robust.DifferentiallyPrivateWeightedMeanFactory(
+        0.0, clip, weight_bound=weight_bound).create(VALUE_TYPE, WEIGHT_TYPE)
+    output = process.next(process.initialize(), values,
+                          [np.float32(w) for w in weights])
+    expected = numpy_mean(values, weights, clip, weight_bound)
+    for name in expected:
+      np.testing.assert_allclose(output.result[name], expected[name], rtol=1e-5,
+                                 atol=1e-6)
+    self.assertAlmostEqual(float(output.measurements['clip']), clip, places=6)
+
+  def test_adaptive_clip_follows_the_quantile_update(self):
+    # Without noise the clip moves geometrically: C ← C·exp(−η·(fraction of
+    # ‖x_i‖ ≤ C − q)) after every call, and each call clips with the C before it.
+    rng = np.random.default_rng(5)
+    num, initial, quantile, rate = 8, 0.5, 0.5, 0.3
+    factory = tff_robust.DifferentiallyPrivateWeightedMeanFactory.adaptive(
+        0.0, clients_per_round=num, initial_clip=initial, target_quantile=quantile,
+        learning_rate=rate)
+    self.assertIsNone(factory.clip)
+    process = factory.create(VALUE_TYPE, WEIGHT_TYPE)
+    state, clip = process.initialize(), initial
+    for call in range(5):
+      values = _values(rng, num, scale=1.0 + call)
+      output = process.next(state, values, [np.float32(1)] * num)
+      state = output.state
+      np.testing.assert_allclose(output.measurements['clip'], clip, rtol=1e-5)
+      expected = numpy_mean(values, [1.0] * num, clip, 1.0)
+      for name in expected:
+        np.testing.assert_allclose(output.result[name], expected[name], rtol=1e-4,
+                                   atol=1e-6)
+      norms = [np.linalg.norm(np.concatenate([np.ravel(t) for t in v.values()]))
+               for v in values]
+      below = np.mean([n <= clip for n in norms])
+      clip *= np.exp(-rate * (below - quantile))
+
+  def test_adaptive_noise_split_is_tff_s(self):
+    factory = tff_robust.DifferentiallyPrivateWeightedMeanFactory.adaptive(
+        1.2, clients_per_round=10, clipped_count_stddev=1.0)
+    self.assertEqual(factory.count_noise_multiplier, 2.0)
+    self.assertAlmostEqual(factory.value_noise_multiplier,
+                           (1.2 ** -2 - 2.0 ** -2) ** -0.5, places=12)
+    # The default σ_c: TFF's 0.05·n, raised to z.
+    self.assertEqual(tff_robust.DifferentiallyPrivateWeightedMeanFactory.adaptive(
+        0.5, clients_per_round=100).count_noise_multiplier, 10.0)
+    self.assertEqual(tff_robust.DifferentiallyPrivateWeightedMeanFactory.adaptive(
+        1.5, clients_per_round=10).count_noise_multiplier, 3.0)
+    self.assertEqual(tff_robust.DifferentiallyPrivateWeightedMeanFactory.adaptive(
+        0.0, clients_per_round=10).value_noise_multiplier, 0.0)
+
+  @parameterized.named_parameters(
+      ('count_too_noiseless', dict(noise_multiplier=1.0, clipped_count_stddev=0.5),
+       ValueError, 'clipped_count_stddev'),
+      ('zero_clients', dict(clients_per_round=0), ValueError, 'clients_per_round'),
+      ('quantile_above_one', dict(target_quantile=1.5), ValueError, 'target_quantile'),
+      ('zero_rate', dict(learning_rate=0.0), ValueError, 'learning_rate'),
+      ('zero_initial_clip', dict(initial_clip=0.0), ValueError, 'initial_clip'),
+      ('string_noise', dict(noise_multiplier='1'), TypeError, 'noise_multiplier'),
+      ('negative_bound', dict(weight_bound=-1.0), ValueError, 'weight_bound'),
+  )
+  def test_bad_adaptive_argument_is_named(self, change, error, name):
+    kwargs = dict(noise_multiplier=1.0, clients_per_round=10)
+    kwargs.update(change)
+    with self.assertRaisesRegex(error, name):
+      tff_robust.DifferentiallyPrivateWeightedMeanFactory.adaptive(**kwargs)
+
+
+
+def secure_record_dp_mean(noise_multiplier=0.0, clip=10.0):
+  return tff_robust.DifferentiallyPrivateWeightedMeanFactory(
+      noise_multiplier, clip,
+      record_aggregation_factory=tff.aggregators.SecureSumFactory(1.0, -1.0))
+
+
+class SecureRecordSumTest(aggregator_cases.SecureSumContextMixin,
+                          parameterized.TestCase):
+  """Secure aggregation of the DP mean's records (TFF's distributed DP is refused)."""
+
+  def test_secure_record_sum_matches_the_plain_one(self):
+    # A record's coordinates are in [-1, 1]: SecureSumFactory(1.0, -1.0) clips
+    # nothing and only quantises.
+    rng = np.random.default_rng(6)
+    values = _values(rng, 6, scale=2.0)
+    weights = [np.float32(1)] * 6
+
+    def run(inner):
+      process = tff_robust.GeometricMedianFactory(inner_mean_factory=inner).create(
+          VALUE_TYPE, WEIGHT_TYPE)
+      return process.next(process.initialize(), values, weights).result
+
+    plain = run(tff_robust.DifferentiallyPrivateWeightedMeanFactory(0.0, 10.0))
+    secure = run(secure_record_dp_mean())
+    for name in plain:
+      np.testing.assert_allclose(secure[name], plain[name], atol=1e-4)
+
+  def test_model_sized_values_leave_only_through_secure_sums(self):
+    process = tff_robust.GeometricMedianFactory(
+        inner_mean_factory=secure_record_dp_mean(0.5, 1.0)).create(VALUE_TYPE,
+                                                                   WEIGHT_TYPE)
+    model_sized = [(uri, member)
+                   for uri, member in client_to_server_intrinsics(process.next)
+                   if not only_scalars(member)]
+    self.assertNotEmpty(model_sized)
+    for uri, member in model_sized:
+      self.assertIn(uri, SECURE_SUMS, f'{uri} moves {member} to the server')
+
+  @parameterized.named_parameters(
+      ('fixed', lambda ddp: tff_robust.DifferentiallyPrivateWeightedMeanFactory(
+          1.0, 1.0, record_aggregation_factory=ddp)),
+      ('adaptive', lambda ddp: tff_robust.DifferentiallyPrivateWeightedMeanFactory.
+       adaptive(1.0, 10, record_aggregation_factory=ddp)),
+  )
+  def test_distributed_dp_sum_is_refused_with_why_and_what_to_use(self, build):
+    ddp = distributed_dp.DistributedDpSumFactory(
+        noise_multiplier=1.0, expected_clients_per_round=10, bits=20, l2_clip=1.5)
+    with self.assertRaisesRegex(ValueError, 'DistributedDpSumFactory') as raised:
+      build(ddp)
+    for part in ('DecodeError', 'UnsupportedDpEvent',
+                 'record_aggregation_factory=tff.aggregators.SecureSumFactory(1.0, '
+                 '-1.0)'):
+      self.assertIn(part, str(raised.exception))
+
+  def test_ddp_secure_aggregator_as_the_inner_mean_is_refused(self):
+    # TFF's distributed-DP mean is unweighted (and divides by a count).
+    with self.assertRaises(TypeError):
+      tff_robust.GeometricMedianFactory(
+          inner_mean_factory=tff.learning.ddp_secure_aggregator(0.5, 10))
+
 
 # The DP configurations of the iterative aggregates. Each: the factory built around a
 # DP inner mean, the value type, the inner mean's value types (whose records make the
@@ -296,6 +483,11 @@ DP_NOISE_MULTIPLIER = 0.5
 def dp_inner():
   return tff_robust.DifferentiallyPrivateWeightedMeanFactory(
       noise_multiplier=DP_NOISE_MULTIPLIER, clip=1.0)
+
+
+def dp_adaptive_inner():
+  return tff_robust.DifferentiallyPrivateWeightedMeanFactory.adaptive(
+      noise_multiplier=DP_NOISE_MULTIPLIER, clients_per_round=10)
 
 
 FLOAT64_VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
@@ -335,6 +527,23 @@ DP_CONFIGURATIONS = (
         inner_mean_factory=dp_inner()),
      VALUE_TYPE, [VALUE_TYPE, _PAIR_TYPE],
      dict(_GM_CHANNELS, dp_sum=6, gamma_start_sums=1, gamma_iteration_sums=3)),
+    # The adaptive clip: one more noised sum a call, its count (a float32 scalar).
+    ('gm_adaptive_clip', lambda: tff_robust.GeometricMedianFactory(
+        inner_mean_factory=dp_adaptive_inner()),
+     VALUE_TYPE, [VALUE_TYPE], dict(_GM_CHANNELS, dp_clip_count=3)),
+    ('one_step_gm_adaptive_clip', lambda: tff_robust.one_step_geometric_median_factory(
+        inner_mean_factory=dp_adaptive_inner()),
+     VALUE_TYPE, [VALUE_TYPE],
+     dict(dp_sum=1, dp_clip_count=1, nu_histogram=1, first_beta_sum=1, max_weight=1,
+          objective=1)),
+    # The configuration docs/aggregators.md recommends under DP, reports off: the
+    # ν histogram and the filter's count are all it sends un-noised.
+    ('recommended_one_step_gm', lambda: tff_robust.NonfiniteFilteringFactory(
+        tff_robust.one_step_geometric_median_factory(
+            relative_nu=1.0, inner_mean_factory=dp_adaptive_inner(),
+            report_max_effective_weight=False, report_objective=False)),
+     VALUE_TYPE, [VALUE_TYPE],
+     dict(dp_sum=1, dp_clip_count=1, nu_histogram=1, num_nonfinite=1)),
     ('filtered_capped_gm', lambda: tff_robust.NonfiniteFilteringFactory(
         weight_cap.WeightCappingFactory(tff_robust.GeometricMedianFactory(
             inner_mean_factory=dp_inner()))),
@@ -374,6 +583,12 @@ def expected_aggregations(channels, observed):
   expected = collections.Counter()
   for name, count in channels.items():
     if name == 'dp_sum':
+      continue
+    if name == 'dp_clip_count':
+      # The adaptive clip's noised count of clients below the clip, one a call
+      # (tensorflow-privacy's QuantileEstimatorQuery: records ±1/2, Gaussian noise,
+      # accounted in the call's DP event).
+      expected[('federated_sum', str(tff.TensorType(np.float32)))] += count
       continue
     channel = _CHANNELS[name]
     members = [str(m) for m in channel.members]
@@ -434,6 +649,17 @@ class DifferentiallyPrivateSideChannelTest(parameterized.TestCase):
     # No stale entry: each declared channel is seen in some configuration above.
     used = {name for *_, channels in DP_CONFIGURATIONS for name in channels}
     self.assertEqual(sorted(set(_CHANNELS) - used), [])
+
+  def test_the_adaptive_clip_adds_one_noised_count_a_call(self):
+    # Without the walk's count of float32 sums: the adaptive configuration sends
+    # exactly one more per inner-mean call than the fixed one.
+    def float32_sums(inner):
+      process = tff_robust.GeometricMedianFactory(inner_mean_factory=inner).create(
+          VALUE_TYPE, WEIGHT_TYPE)
+      _, others = unnoised_aggregations(process, [VALUE_TYPE])
+      return others[('federated_sum', str(tff.TensorType(np.float32)))]
+
+    self.assertEqual(float32_sums(dp_adaptive_inner()) - float32_sums(dp_inner()), 3)
 
 
 def _gaussian_fixed():
