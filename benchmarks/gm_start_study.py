@@ -25,6 +25,7 @@ to `<output_dir>/study.md` and, with `--results_markdown`, to a file to commit (
 README's table is `results/gm_start_study.md` and `results/gm_start_study_rho0.1.md`).
 """
 
+import dataclasses
 import os
 import sys
 import time
@@ -76,9 +77,8 @@ flags.register_validator('worker_momenta', lambda v: len(v) == 1,
 
 def spec_for_start(start: str) -> sweep.SweepSpec:
   spec = flag_groups.sweep_spec_from_flags()
-  spec.aggregator_args = {'gm': dict(spec.aggregator_args.get('gm', {}),
-                                     initial_point=start)}
-  return spec
+  return dataclasses.replace(spec, aggregator_args={'gm': dict(
+      spec.aggregator_args.get('gm', {}), initial_point=start)})
 
 
 def main(argv):

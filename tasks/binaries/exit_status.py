@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from absl import app
 
@@ -185,9 +185,10 @@ def errors_as_one_line():
     exit_with(e, status)
 
 
-def run(main: Callable[[list[str]], None],
-        check_flags: Callable[[], None] = lambda: None,
-        header: Callable[[], None] = lambda: None) -> None:
+def run(main: Callable[..., None],
+        check_flags: Callable[..., None] = lambda *_: None,
+        header: Callable[..., None] = lambda *_: None,
+        settings: Optional[Callable[[], Any]] = None) -> None:
   """`absl.app.run(main)` for a binary that runs TFF computations.
 
   The binary's TFF worker_binary processes are stopped however it ends, even by
@@ -197,9 +198,11 @@ def run(main: Callable[[list[str]], None],
   finalizer traceback. So does an exit on bad flags, before `main`: the stop after
   `app.run` disarms the finalizer of the executor that importing TFF created.
   `check_flags` runs right after absl's parsing, for checks across flags whose
-  errors are `ONE_LINE_ERRORS` (e.g. `flag_groups.UnworkableSettingsError`). Ctrl-C
-  and SIGTERM end the binary within a second or two with one line, saying where a
-  rerun resumes from (`rounds_checkpointed`), and status 130 or 143.
+  errors are `ONE_LINE_ERRORS` (e.g. `flag_groups.UnworkableSettingsError`); so does
+  `settings()`, if given, whose value (a `flag_groups.RunSettings`) `check_flags`,
+  `header` and `main` are then passed. Ctrl-C and SIGTERM end the binary within a
+  second or two with one line, saying where a rerun resumes from
+  (`rounds_checkpointed`), and status 130 or 143.
 
   The flags are parsed and checked before TensorFlow is imported; then `header()`
   prints the run's first line, and TensorFlow is imported, before `main`. Not inside
@@ -208,19 +211,21 @@ def run(main: Callable[[list[str]], None],
   `app.call_after_init` callback at once) and Keras models fail to build
   ("Attempt to convert a value (None)" in `Flatten`).
   """
+  made = []
 
   def parse_flags(argv):
     argv = app.parse_flags_with_usage(argv)
     with errors_as_one_line():
-      check_flags()
-    header()
+      made.extend([settings()] if settings else [])
+      check_flags(*made)
+    header(*made)
     import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
     return argv
 
   def guarded_main(argv):
     with runtime.worker_binaries_stopped(even_when_killed=True):
       with errors_as_one_line():
-        main(argv)
+        main(argv, *made)
 
   try:
     with _interruptions_end_the_binary():

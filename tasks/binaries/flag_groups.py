@@ -7,23 +7,24 @@ A binary calls the `define_*` functions it needs at import, with its own default
 lists kept here.
 
 Every flag defined here that changes what a run computes is recorded as part of the
-run's identity: `run_config()` for `train`; for a sweep's cells, `sweep.run_config`
-of the task and the `SweepSpec` these flags build (`task_from_flags`,
-`sweep_spec_from_flags`). A resumed run must match it. The flags defined with
-`part_of_run=False` change no number (progress, TensorBoard, checkpoint period,
-where files go).
+run's identity: `RunSettings.config` for `train`; for a sweep's cells,
+`sweep.run_config` of the task and the `SweepSpec` these flags build
+(`task_from_flags`, `sweep_spec_from_flags`). A resumed run must match it. The flags
+defined with `part_of_run=False` change no number (progress, TensorBoard, checkpoint
+period, where files go).
 
 Importing this module, defining the flags and checking them imports no TensorFlow,
 so a binary refuses a bad flag within a second or so; only a check that builds an
 aggregator imports it (--aggregator_args other than the binary's default; an
 aggregator assuming corrupted clients in `check_clients_per_round`), as does building
-what a run needs (`task_from_flags`, `client_work_from_flags`, ...).
+what a run needs (`RunSettings.factory`, `task_from_flags`, ...).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import logging as std_logging
 import math
 import os
@@ -71,22 +72,42 @@ def define(kind: str, name: str, default: Any, *args, part_of_run: bool = True,
     _RUN_FLAGS.append(name)
 
 
-def run_config() -> dict[str, Any]:
-  """The values of the run-defining flags this binary defined: what a resumed run
-  must match (see `tasks.simulation.experiment.check_config`); with --aggregator,
-  also the revisions of its factories whose results changed
-  (`registry.results_revisions`), so an older revision's checkpoints are refused.
-  A task of your own (--task=module:function) reads none of --model, --data_source
-  and --data_dir, so they are left out of its runs' configuration."""
-  config = {name: FLAGS[name].value for name in _RUN_FLAGS}
-  if user_task_path() is not None:
-    for name in _BUILT_IN_ONLY:
-      config.pop(name, None)
-  if 'aggregator' in FLAGS and 'aggregator_args' in FLAGS:
-    config = registry.with_results_revisions(config, build_aggregator(
-        FLAGS.aggregator, FLAGS.aggregator_args, FLAGS['rho'].value
-        if 'rho' in FLAGS else None))
-  return config
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """A run's configuration, resolved once from the parsed, checked flags
+  (`from_flags`): it builds the run's aggregation factory, task and identity.
+
+  Attributes:
+    name: The run's name (`train`'s output subdirectory).
+    flags: (flag, value) of the binary's run flags, lists as tuples; a task of your
+      own's without those it does not read (--model, --data_source, --data_dir).
+  """
+  name: str
+  flags: tuple[tuple[str, Any], ...]
+
+  @classmethod
+  def from_flags(cls, name: str = '') -> RunSettings:
+    unread = _BUILT_IN_ONLY if user_task_path() is not None else ()
+    values = [(flag, FLAGS[flag].value) for flag in _RUN_FLAGS if flag not in unread]
+    return cls(name, tuple((f, tuple(v) if isinstance(v, list) else v) for f, v in values))
+
+  def __getitem__(self, flag: str) -> Any:
+    return dict(self.flags)[flag]
+
+  def factory(self):
+    """--aggregator's factory with --aggregator_args and --rho (`build_aggregator`)."""
+    return build_aggregator(self['aggregator'], self['aggregator_args'], self['rho'])
+
+  def task(self) -> builders.Task:
+    """The run's task, its data partitioned with --seed (`task_from_flags`)."""
+    return task_from_flags(self['seed'])
+
+  def config(self) -> dict[str, Any]:
+    """What a resumed run must match (`experiment.check_config`): the run flags'
+    values and, with --aggregator, its factories' `registry.results_revisions`."""
+    config = dict(self.flags)
+    return (registry.with_results_revisions(config, self.factory())
+            if 'aggregator' in config else config)
 
 
 # The task flags only the built-in tasks read.
@@ -376,13 +397,20 @@ def aggregator_kwargs(name: str, entries: Sequence[str]) -> dict[str, Any]:
 def build_aggregator(name: str, entries: Sequence[str],
                      rho: Optional[float] = None):
   """`aggregator_from_name(name, ...)` with --aggregator_args, errors naming it; the
-  run's `rho` is Krum's default assumed corrupted fraction."""
+  run's `rho` is Krum's default assumed corrupted fraction. One object for equal
+  arguments (`rho` only where it reaches the factory), shared by a run's uses."""
   try:
-    return registry.aggregator_from_name(
-        name, assumed_byzantine_fraction=rho, **aggregator_kwargs(name, entries))
+    return _factory(name, tuple(entries),
+                    rho if registry.takes_assumed_byzantine_fraction(name) else None)
   except (TypeError, ValueError) as e:
     raise ValueError(f'--aggregator_args={",".join(entries)} is invalid for '
                      f'aggregator {name}: {e}') from e
+
+
+@functools.lru_cache(maxsize=16)
+def _factory(name: str, entries: tuple[str, ...], rho: Optional[float]):
+  return registry.aggregator_from_name(
+      name, assumed_byzantine_fraction=rho, **aggregator_kwargs(name, entries))
 
 
 class UnworkableSettingsError(ValueError):
@@ -391,9 +419,9 @@ class UnworkableSettingsError(ValueError):
   status 2 on it, before loading any data."""
 
 
-def _takes_round(name: str, entries: Sequence[str], rho: float, n: int) -> bool:
+def _takes_round(factory, n: int) -> bool:
   try:
-    registry.check_num_clients(build_aggregator(name, entries, rho=rho), n)
+    registry.check_num_clients(factory, n)
   except ValueError:
     return False
   return True
@@ -407,27 +435,28 @@ def _sets_f(name: str, entries: Sequence[str]) -> bool:
              for key in ('num_byzantine', 'byzantine_fraction'))
 
 
-def check_clients_per_round(name: str, entries: Sequence[str], rho: float,
-                            clients_per_round: int) -> None:
+def check_clients_per_round(settings: RunSettings) -> None:
   """Raises `UnworkableSettingsError`, naming the flags and the values that would
-  work, when aggregator `name` cannot aggregate a round of `clients_per_round`
-  clients with f = ⌊rho·n⌋ assumed corrupted (Krum's and multi-Krum's n > 2f + 2,
-  also inside NNM or bucketing; NNM's and ARC's n > f)."""
+  work, when --aggregator cannot aggregate a round of --clients_per_round clients
+  with f = ⌊rho·n⌋ assumed corrupted (Krum's and multi-Krum's n > 2f + 2, also inside
+  NNM or bucketing; NNM's and ARC's n > f), trying one factory per lower ρ."""
+  name, entries, rho, n = (settings[flag] for flag in (
+      'aggregator', 'aggregator_args', 'rho', 'clients_per_round'))
   if not registry.takes_assumed_byzantine_fraction(name):
     return  # Only the factories assuming corrupted clients have a condition on n.
-  n = clients_per_round
-  if _takes_round(name, entries, rho, n):
+  factory = settings.factory()
+  if _takes_round(factory, n):
     return
   explicit = _sets_f(name, entries)
   assumed = ('f (of --aggregator_args)' if explicit else
              f'f = ⌊{rho:g}·{n}⌋ = {math.floor(rho * n)}')
   fixes = []
   enough = next((m for m in range(n + 1, 100 * n + 100)
-                 if _takes_round(name, entries, rho, m)), None)
+                 if _takes_round(factory, m)), None)
   if enough:
     fixes.append(f'raise --clients_per_round to {enough} or more')
   lower = next((k / n for k in range(math.floor(rho * n) - 1, -1, -1)
-                if _takes_round(name, entries, k / n, n)), None)
+                if _takes_round(build_aggregator(name, entries, k / n), n)), None)
   if lower is not None:
     fixes.append(f'lower --rho to {lower:g}')
   fixes.append('lower f in --aggregator_args' if explicit else

@@ -101,7 +101,7 @@ def _changed_result_flags() -> list[str]:
   """`--flag=value (README: default)` for every flag that changes results and is not
   at its default, the README's configuration."""
   changed = []
-  for name in flag_groups.run_config():
+  for name, _ in flag_groups.RunSettings.from_flags().flags:
     flag = FLAGS[name]
     if flag.value != flag.default:
       default = flag.default_as_str.strip("'")

@@ -175,65 +175,63 @@ for _name in ('worker_connect_timeout', 'worker_unavailable_timeout',
 
 
 
-def experiment_name() -> str:
-  """--experiment_name, or a name built from the run's main flags."""
-  if FLAGS.experiment_name:
-    return FLAGS.experiment_name
-  name = (f'{flag_groups.task_stem()}_{FLAGS.aggregator}_{FLAGS.attack}'
-          f'_rho{FLAGS.rho:g}_seed{FLAGS.seed}')
-  if FLAGS.client_work != 'fedavg':
-    name += f'_{FLAGS.client_work}'
-  return name
+def run_settings() -> flag_groups.RunSettings:
+  """The run of the parsed flags, named --experiment_name or after its main flags."""
+  name = FLAGS.experiment_name or (
+      f'{flag_groups.task_stem()}_{FLAGS.aggregator}_{FLAGS.attack}_rho{FLAGS.rho:g}'
+      f'_seed{FLAGS.seed}' + ('' if FLAGS.client_work == 'fedavg' else
+                              f'_{FLAGS.client_work}'))
+  return flag_groups.RunSettings.from_flags(name)
 
 
-def build_simulation(task, context=None) -> loop.Simulation:
-  """The simulation the flags describe (on the workers of `context`, if given)."""
+def build_simulation(settings: flag_groups.RunSettings, task,
+                     context=None) -> loop.Simulation:
+  """The simulation of `settings` (on the workers of `context`, if given)."""
   from tasks.simulation import distributed as distributed_simulation  # pylint: disable=g-import-not-at-top
   return distributed_simulation.build_simulation(
-      task, flag_groups.build_aggregator(FLAGS.aggregator, FLAGS.aggregator_args,
-                                         rho=FLAGS.rho),
-      flag_groups.client_work_from_flags(task), context=context, attack=FLAGS.attack,
-      attack_params=flag_groups.parse_named_args(FLAGS.attack_args, FLAGS.attack,
-                                                 attacks.UPDATE_ATTACKS),
-      rho=FLAGS.rho, seed=FLAGS.seed,
+      task, settings.factory(), flag_groups.client_work_from_flags(task),
+      context=context, attack=settings['attack'],
+      attack_params=flag_groups.parse_named_args(
+          settings['attack_args'], settings['attack'], attacks.UPDATE_ATTACKS),
+      rho=settings['rho'], seed=settings['seed'],
       **({'client_data_dir': FLAGS.worker_data_dir} if context is not None else {}),
       **flag_groups.simulation_kwargs_from_flags())
 
 
-def _output_dir() -> str:
-  return os.path.join(FLAGS.root_output_dir, experiment_name())
+def _output_dir(settings: flag_groups.RunSettings) -> str:
+  return os.path.join(FLAGS.root_output_dir, settings.name)
 
 
-def print_header() -> None:
+def print_header(settings: flag_groups.RunSettings) -> None:
   """The run's first line, printed before TensorFlow is imported."""
-  print(f'{experiment_name()}: {FLAGS.rounds} rounds of {flag_groups.task_title()}; '
-        f'output in {_output_dir()}', file=sys.stderr, flush=True)
+  print(f'{settings.name}: {settings["rounds"]} rounds of {flag_groups.task_title()}; '
+        f'output in {_output_dir(settings)}', file=sys.stderr, flush=True)
 
 
-def check_settings() -> None:
+def check_settings(settings=None) -> None:
   """Refuses, before any data is loaded, flags that cannot train together."""
-  flag_groups.check_clients_per_round(FLAGS.aggregator, FLAGS.aggregator_args,
-                                      FLAGS.rho, FLAGS.clients_per_round)
+  flag_groups.check_clients_per_round(settings or run_settings())
 
 
-def main(argv):
+def main(argv, settings=None):
+  """Trains the run of `settings` (default: of the flags)."""
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  settings = settings or run_settings()
   flag_groups.quiet_logs()
-  output_dir = _output_dir()
+  output_dir, config = _output_dir(settings), settings.config()
   # pylint: disable=g-import-not-at-top
   from tasks.simulation import distributed as distributed_simulation
   from tasks.simulation import experiment
   with contextlib.ExitStack() as stack:
     # One process per run directory, from before its config.json is checked.
     stack.enter_context(run_lock.owned(output_dir))
-    experiment.check_config(output_dir, flag_groups.run_config(),
-                            ignore=flag_groups.RESUMABLE_CHANGES)
+    experiment.check_config(output_dir, config, ignore=flag_groups.RESUMABLE_CHANGES)
     if FLAGS.workers:
       # The driver's own computations (the server's): on a worker nothing else can
       # reach, not TFF's local worker_binary on every interface.
       driver = stack.enter_context(distributed.private_local_execution())
-    task = flag_groups.task_from_flags(FLAGS.seed)
+    task = settings.task()
     flag_groups.check_attacks(task, 'attack')
     context = None
     if FLAGS.workers:
@@ -248,36 +246,38 @@ def main(argv):
       except (ValueError, distributed.WorkerError) as e:
         exit_status.exit_with(f'--workers: {e}', exit_status.FLAGS_OR_OTHER_RUN)
       stack.callback(context.close)
-    simulation = build_simulation(task, context)
+    simulation = build_simulation(settings, task, context)
     num_clients = len(task.train_data.client_ids)
-    print(f'{experiment_name()}: {num_clients} clients, '
+    print(f'{settings.name}: {num_clients} clients, '
           f'{len(simulation.corrupted_clients)} corrupted', file=sys.stderr)
-    if FLAGS.clients_per_round > num_clients:
-      print(f'--clients_per_round={FLAGS.clients_per_round} is more than the task\'s '
-            f'{num_clients} clients: all of them train every round.', file=sys.stderr)
-    if FLAGS.attack != attacks.NO_ATTACK and not FLAGS.rho:
-      print(f'--attack={FLAGS.attack} with --rho=0 corrupts no client: a clean run.',
+    if settings['clients_per_round'] > num_clients:
+      print(f'--clients_per_round={settings["clients_per_round"]} is more than the '
+            f'task\'s {num_clients} clients: all of them train every round.',
             file=sys.stderr)
+    if settings['attack'] != attacks.NO_ATTACK and not settings['rho']:
+      print(f'--attack={settings["attack"]} with --rho=0 corrupts no client: a clean '
+            'run.', file=sys.stderr)
     try:
-      experiment.run_experiment(simulation, output_dir, FLAGS.rounds,
-                                FLAGS.eval_period, config=flag_groups.run_config(),
+      experiment.run_experiment(simulation, output_dir, settings['rounds'],
+                                settings['eval_period'], config=config,
                                 resumable_changes=flag_groups.RESUMABLE_CHANGES,
                                 progress=FLAGS.progress,
                                 tensorboard=FLAGS.tensorboard,
-                                description=experiment_name(),
+                                description=settings.name,
                                 checkpoint_period=FLAGS.checkpoint_period,
                                 on_checkpoint=exit_status.rounds_checkpointed)
     except experiment.NonFiniteStateError as e:
       exit_status.exit_with(e, exit_status.NON_FINITE)
     except distributed_simulation.WorkerRoundError as e:
       exit_status.exit_with(e, exit_status.WORKER_FAILED)
-  print(f'Finished {FLAGS.rounds} rounds; metrics in '
+  print(f'Finished {settings["rounds"]} rounds; metrics in '
         f'{os.path.join(output_dir, experiment.METRICS_FILE)}', file=sys.stderr)
 
 
 def run():
   """Console-script entry point (`tff_robust_train`)."""
-  exit_status.run(main, check_flags=check_settings, header=print_header)
+  exit_status.run(main, check_flags=check_settings, header=print_header,
+                  settings=run_settings)
 
 
 if __name__ == '__main__':

@@ -102,7 +102,7 @@ class Run:
             f'_seed{self.seed}')
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class SweepSpec:
   """What to sweep and how every run trains.
 
@@ -329,11 +329,11 @@ def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,
       f.write(str(e) + '\n')
 
 
-# The factories of a sweep's recent runs, by aggregator, the ρ it depends on and its
-# arguments: one factory object per configuration, so that the simulation creates and
-# compiles its processes once for every run that shares it (`rounds.Round`). Bounded:
-# a grid's runs of one aggregator come together (`SweepSpec.runs`), and each factory
-# keeps its processes and traced functions alive.
+# The factories of a sweep's recent runs (their identities and simulations), by
+# aggregator, the ρ it depends on and its arguments: one object per configuration, so
+# the simulation creates and compiles its processes once for every run sharing it
+# (`rounds.Round`). Bounded: a grid's runs of one aggregator come together
+# (`SweepSpec.runs`), and each factory keeps its processes and traced functions alive.
 _FACTORIES: collections.OrderedDict = collections.OrderedDict()
 _MAX_FACTORIES = 16
 
@@ -412,9 +412,8 @@ def run_config(task, spec: SweepSpec, run: Run) -> dict[str, Any]:
                 server_optimizer=_describe(spec.simulation_kwargs.get('server_optimizer')),
                 client_spec=dataclasses.asdict(task.client_spec),
                 data=dict(task.provenance), partition=_partition_digest(task))
-  return registry.with_results_revisions(config, registry.aggregator_from_name(
-      run.aggregator, assumed_byzantine_fraction=run.rho,
-      **spec.aggregator_args.get(run.aggregator, {})))
+  return registry.with_results_revisions(config, _aggregator_factory(
+      run.aggregator, run.rho, spec.aggregator_args.get(run.aggregator, {})))
 
 
 def run_fingerprint(task, spec: SweepSpec, run: Run) -> str:
