@@ -7,8 +7,9 @@ against. What needs them: the in-process evaluation of TFF computations
 (`tasks.simulation.in_process`), the multi-worker runtime
 (`tff_robust.distributed.execution`), the client update of TFF's model-delta client
 work (`tff_robust.learning.processes`), the original TFF RFA baseline
-(`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`), and a
-few tests.
+(`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`), telling the
+contexts that cannot run secure sums (`tff_robust.common.secure_sums`), and a few
+tests.
 
 Porting to another TFF release: change `SUPPORTED_TFF` and, for every module below
 that moved or changed, the import here and its users; where a name became public
