@@ -208,8 +208,8 @@ class WhatTheServerLearnsTest(tf.test.TestCase):
         tff_robust.GeometricMedianFactory(inner_mean_factory=privacy.secure_mean(),
                                           report_max_effective_weight=False),
         num_byzantine=1)
-    intrinsics = privacy.client_to_server_intrinsics(
-        factory.create(privacy.VALUE_TYPE, privacy.WEIGHT_TYPE).next)
+    intrinsics = privacy.client_to_server_intrinsics(cases.built_in_the_test_context(
+        lambda: factory.create(privacy.VALUE_TYPE, privacy.WEIGHT_TYPE)).next)
     not_sums = [(uri, member) for uri, member in intrinsics if uri not in privacy.SUMS]
     self.assertEqual([uri for uri, _ in not_sums], ['federated_aggregate'])
     self.assertEqual(not_sums[0][1], tff.StructType([np.float64, np.float32]))

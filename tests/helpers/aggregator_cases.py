@@ -26,6 +26,16 @@ def process(key, build_factory):
   return _PROCESSES[key]
 
 
+def built_in_the_test_context(build):
+  """`build()` with TFF's test context installed: a factory of tff_robust refuses to
+  create a process holding secure sums in TFF's default context, which cannot run them
+  (`tff_robust.common.secure_sums`). What is traced does not depend on the context, so
+  the walks of the compiled computations see the same process."""
+  with tff.framework.get_context_stack().install(
+      tff.backends.test.create_sync_test_cpp_execution_context()):
+    return build()
+
+
 def to_struct(vector):
   vector = np.asarray(vector, np.float32)
   return collections.OrderedDict(

@@ -3,5 +3,6 @@
   arguments           validation of factory arguments, with errors naming the fix
   type_checks         checks of value and weight types
   numerics            norms and finiteness over structures
+  secure_sums         the contexts that run secure sums (TFF's test one)
   unit_weights        the weighted-and-unweighted base of every factory; `unweighted()`
 """

@@ -8,8 +8,9 @@ against. What needs them: the in-process evaluation of TFF computations
 (`tff_robust.distributed.execution`), the client update of TFF's model-delta client
 work (`tff_robust.learning.processes`), the original TFF RFA baseline
 (`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`), TFF's
-distributed DP sum (`tff_robust.aggregators.privacy`, not exported by 0.87), and a
-few tests.
+distributed DP sum (`tff_robust.aggregators.privacy`, not exported by 0.87), telling the
+contexts that cannot run secure sums (`tff_robust.common.secure_sums`), and a few
+tests.
 
 Porting to another TFF release: change `SUPPORTED_TFF` and, for every module below
 that moved or changed, the import here and its users; where a name became public

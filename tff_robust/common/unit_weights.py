@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import tensorflow_federated as tff
 
+from tff_robust.common import secure_sums
 from tff_robust.common import type_checks
 
 UNIT_WEIGHT_TYPE = tff.TensorType(np.float32)
@@ -46,14 +47,18 @@ class WeightedOrUnweightedFactory(tff.aggregators.WeightedAggregationFactory,
   `create(value_type, weight_type)` creates the weighted process (subclasses implement
   it as `create_weighted`); `create(value_type)` the unweighted one, the weighted
   process with weight 1 at every client (`with_unit_weights`). Both check their types
-  as TFF's `MeanFactory` does (TypeError, see `check_types`).
+  as TFF's `MeanFactory` does (TypeError, see `check_types`), and refuse a process
+  holding secure sums in a context that cannot run them (`secure_sums`, ValueError).
   """
 
   def create(self, value_type, weight_type=None) -> tff.templates.AggregationProcess:
     check_types(value_type, weight_type)
     if weight_type is None:
-      return with_unit_weights(self.create_weighted(value_type, UNIT_WEIGHT_TYPE))
-    return self.create_weighted(value_type, weight_type)
+      process = with_unit_weights(self.create_weighted(value_type, UNIT_WEIGHT_TYPE))
+    else:
+      process = self.create_weighted(value_type, weight_type)
+    secure_sums.check_runnable(process)
+    return process
 
   @abc.abstractmethod
   def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:

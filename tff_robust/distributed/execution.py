@@ -70,7 +70,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -1144,10 +1143,9 @@ def private_local_execution(max_message_megabytes: int = 10_000,
   """
   directory = tempfile.mkdtemp(prefix='tff_driver_')  # Mode 0700: this user's.
   path = os.path.join(directory, 'worker.sock')
-  process = worker_launcher.start_worker(
-      sys.executable, ['-m', 'tff_robust.distributed.worker_launcher',
-                       f'--listen_unix={path}',
-                       f'--grpc_max_message_length_megabytes={max_message_megabytes}'],
+  process = worker_launcher.start_launcher(
+      [f'--listen_unix={path}',
+       f'--grpc_max_message_length_megabytes={max_message_megabytes}'],
       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
   worker = None
   try:
@@ -1343,16 +1341,14 @@ class LocalWorkers:
       worker_launcher.check_port_free(self._ports[index])
     except worker_launcher.PortInUseError as e:
       raise WorkerError(self.addresses[index], str(e)) from None
-    command = [sys.executable, '-m', 'tff_robust.distributed.worker_launcher',
-               f'--port={self._ports[index]}', f'--listen_host={self._host}',
-               f'--grpc_max_message_length_megabytes={self._max_megabytes}']
+    flags = [f'--port={self._ports[index]}', f'--listen_host={self._host}',
+             f'--grpc_max_message_length_megabytes={self._max_megabytes}']
     if self._credentials is not None:
-      command += self._credentials.launcher_flags()
-    command += self._worker_flags
+      flags += self._credentials.launcher_flags()
+    flags += self._worker_flags
     with open(self._logs[index], 'ab') as log:
-      self._processes[index] = worker_launcher.start_worker(
-          command[0], command[1:], stdin=subprocess.DEVNULL, stdout=log,
-          stderr=subprocess.STDOUT)
+      self._processes[index] = worker_launcher.start_launcher(
+          flags, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
   def _wait_ready(self, index: int) -> None:
     process = self._processes[index]

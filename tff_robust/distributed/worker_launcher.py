@@ -339,6 +339,38 @@ def start_worker(binary: str, args: Sequence[str], **popen_kwargs) -> subprocess
                           **popen_kwargs)
 
 
+# The pid of the process that started this launcher (`start_launcher`), which the
+# launcher must not outlive.
+DIE_WITH_ENV = 'TFF_ROBUST_LAUNCHER_DIES_WITH'
+
+
+def start_launcher(args: Sequence[str], **popen_kwargs) -> subprocess.Popen:
+  """Starts this launcher (`python -m tff_robust.distributed.worker_launcher`) with
+  `args`, killed by the kernel if this process dies, as `start_worker` would.
+
+  The launcher asks for that itself, first thing (`DIE_WITH_ENV`): a `preexec_fn`
+  makes Python fork the driver instead of vfork it, and a fork while other threads
+  call into gRPC (TFF's contexts) prints a gRPC "skipping fork() handlers" line in the
+  driver per worker.
+  """
+  env = dict(popen_kwargs.pop('env', None) or os.environ)
+  env[DIE_WITH_ENV] = str(os.getpid())
+  return subprocess.Popen(
+      [sys.executable, '-m', 'tff_robust.distributed.worker_launcher', *args],
+      close_fds=True, env=env, **popen_kwargs)
+
+
+def _die_with_starter() -> None:
+  """For a launcher from `start_launcher`: the kernel kills it when its starter dies,
+  and it exits at once if the starter died already."""
+  starter = os.environ.pop(DIE_WITH_ENV, None)
+  if starter is None:
+    return
+  _die_with_parent()
+  if os.getppid() != int(starter):  # Gone before the signal was set.
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _start_binary(binary_fd: int, binary: str, args: Sequence[str]) -> subprocess.Popen:
   """The worker_binary, executed through `binary_fd` (opened before this process
   became an unprivileged user, who may not reach its path), in `/`."""
@@ -390,6 +422,7 @@ def _run_as(user: Optional[str]) -> Optional[tuple[int, int]]:
 
 def main(argv: Sequence[str]) -> int:
   """Runs one worker in the foreground (module docstring); returns the exit status."""
+  _die_with_starter()
   args = list(argv[1:])
   try:
     binary = worker_binary_path()

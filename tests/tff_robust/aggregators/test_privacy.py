@@ -132,7 +132,8 @@ def created(build, secure_inner, report):
   key = (build, secure_inner, report)
   if key not in _PROCESSES:
     inner = secure_mean() if secure_inner else None
-    _PROCESSES[key] = build(inner, report).create(VALUE_TYPE, WEIGHT_TYPE)
+    _PROCESSES[key] = aggregator_cases.built_in_the_test_context(
+        lambda: build(inner, report).create(VALUE_TYPE, WEIGHT_TYPE))
   return _PROCESSES[key]
 
 

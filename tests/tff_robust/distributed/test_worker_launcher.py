@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import portpicker
 import pytest
@@ -254,3 +255,60 @@ def test_importing_the_package_imports_nothing():
       cwd=_REPO, capture_output=True, text=True, timeout=_HANG, check=True,
       env=processes.quiet_env())
   assert result.stdout.splitlines() == ["['tff_robust']", 'tff_robust.aggregators.gamma_mean']
+
+
+# Starts a launcher as LocalWorkers does, once TFF's local context has gRPC threads of
+# its own (a computation ran), and reports its pids; then waits.
+_DRIVER = '''
+import subprocess, sys
+import tensorflow_federated as tff
+from tff_robust.distributed import runtime, worker_launcher
+
+@tff.tensorflow.computation
+def one():
+  return 1
+
+one()
+launcher = worker_launcher.start_launcher(
+    [f'--port={sys.argv[1]}'], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    text=True)
+line = launcher.stdout.readline()
+print('PIDS', launcher.pid, line.split(' pid ')[1].split(';')[0], *runtime.worker_binaries(),
+      flush=True)
+sys.stdin.read()
+'''
+
+
+def test_a_launcher_dies_with_its_driver_which_forks_no_grpc_lines(tmp_path):
+  # The launcher asks the kernel for its own death with the driver: the driver starts
+  # it without the fork a preexec_fn needs, after which gRPC printed "Other threads are
+  # currently calling into gRPC, skipping fork() handlers" per worker.
+  stderr_path = tmp_path / 'driver.err'
+  with open(stderr_path, 'wb') as stderr:
+    driver = subprocess.Popen(
+        [sys.executable, '-c', _DRIVER, str(portpicker.pick_unused_port())], cwd=_REPO,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  pids = []
+  try:
+    readable, _, _ = select.select([driver.stdout], [], [], _HANG)
+    line = driver.stdout.readline() if readable else ''
+    assert line.startswith('PIDS'), stderr_path.read_text()
+    pids = [int(pid) for pid in line.split()[1:]]
+    launcher, binary, tffs_own = pids[0], pids[1], pids[2:]
+    driver.kill()  # SIGKILL: nothing of the driver's runs any more.
+    driver.wait(timeout=_HANG)
+    deadline = time.monotonic() + 30
+    while processes.running([launcher, binary]) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert not processes.running([launcher, binary])
+    assert tffs_own  # TFF's worker_binary (not ours: it outlives a killed driver).
+    assert 'fork_posix' not in stderr_path.read_text(), stderr_path.read_text()
+  finally:
+    for pid in processes.running(pids):
+      os.kill(pid, signal.SIGKILL)
+    if driver.poll() is None:
+      driver.kill()
+      driver.wait()
+    driver.stdin.close()
+    driver.stdout.close()
