@@ -46,6 +46,9 @@ if TYPE_CHECKING:
   from tasks.simulation import sweep
 
 FLAGS = flags.FLAGS
+# The flags defined here belong to the binary that asks for them: its --helpshort
+# lists them all, without absl's own (which --helpfull adds).
+flags.disclaim_key_flags()
 # Flags that are part of a run's identity, in definition order (filled by `_define`).
 _RUN_FLAGS: list[str] = []
 # Run flags a resumed run may change (a finished run is extended by raising rounds).

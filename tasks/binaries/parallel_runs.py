@@ -25,6 +25,8 @@ from absl import flags
 from tasks.binaries import exit_status
 
 FLAGS = flags.FLAGS
+# Its flags belong to the binary that defines them (its --helpshort lists them).
+flags.disclaim_key_flags()
 
 
 def define_flags(default: int = 1) -> None:

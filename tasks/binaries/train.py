@@ -7,8 +7,8 @@ r"""Trains one task with one aggregator under one corruption model.
       --aggregator=gm --attack=alie --rho=0.2 --rounds=10   # a task of your own
 
 (or the console script `tff_robust_train` in the repository's environment).
-`--helpfull` documents every flag; `--client_work=ditto|personalized_rfa` trains
-personal models too.
+`--helpshort` documents every flag (`--helpfull` adds absl's own);
+`--client_work=ditto|personalized_rfa` trains personal models too.
 
 Output, in `--root_output_dir/--experiment_name` (default name built from the task,
 aggregator, attack, rho and seed; a task of your own is named by its import path

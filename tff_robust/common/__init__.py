@@ -4,5 +4,6 @@
   type_checks         checks of value and weight types
   numerics            norms and finiteness over structures
   secure_sums         the contexts that run secure sums (TFF's test one)
+  teardown            TFF's local worker managers at the interpreter's exit
   unit_weights        the weighted-and-unweighted base of every factory; `unweighted()`
 """

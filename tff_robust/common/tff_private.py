@@ -17,7 +17,11 @@ that moved or changed, the import here and its users; where a name became public
 (`tff.framework`, `tff.types`, `tff.structure`), prefer it and drop the import.
 """
 
+import atexit
+
 import tensorflow_federated as tff
+
+from tff_robust.common import teardown
 
 SUPPORTED_TFF = '0.87.'
 if not tff.__version__.startswith(SUPPORTED_TFF):
@@ -60,3 +64,11 @@ from tensorflow_federated.python.learning.templates import model_delta_client_wo
 from tensorflow_federated.python.tensorflow_libs import graph_utils
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
 # pylint: enable=g-direct-tensorflow-import,g-bad-import-order,unused-import
+
+# TFF 0.87's finalizer of its idle local worker manager fails when it runs in the
+# interpreter's teardown ("Exception ignored ... ServiceManager.__del__ ...
+# 'NoneType' object has no attribute 'Popen'"), and importing this module or others
+# (the geometric median's, tasks.builders.task) can move it there, as a plain TFF
+# script's imports can: disarmed at exit, before the teardown. Every factory of
+# tff_robust imports this module (`tff_robust.common.secure_sums`).
+atexit.register(teardown.disarm_idle_managers)

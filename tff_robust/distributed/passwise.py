@@ -49,7 +49,6 @@ runs that function when TFF cannot merge the computation, so `process.next(state
 data)` works unchanged on the workers.
 """
 
-import atexit
 from typing import Callable, Optional
 import weakref
 
@@ -57,12 +56,6 @@ import tensorflow_federated as tff
 
 from tff_robust.iterative import iterative_steps
 from tff_robust.iterative import iterative_mean
-from tff_robust.distributed import runtime
-
-# Importing this module makes TFF's finalizer of its idle local worker manager run
-# late in the interpreter's teardown, where it fails (the modules' teardown order
-# decides): disarmed at exit, before the teardown.
-atexit.register(runtime.disarm_idle_managers)
 
 
 class PasswiseProcess:

@@ -18,7 +18,6 @@ SIGKILL (or the kernel's out-of-memory killer) runs no code at all: with
 """
 
 import contextlib
-import gc
 import math
 import os
 import secrets
@@ -29,6 +28,7 @@ import threading
 import time
 from typing import Optional
 
+from tff_robust.common import teardown
 from tff_robust.distributed import worker_guardian
 
 _BINARY_NAME = b'worker_binary'
@@ -63,13 +63,6 @@ def worker_binaries(parent_pid: Optional[int] = None) -> list[int]:
                            os.getpid() if parent_pid is None else parent_pid)
 
 
-def _service_managers() -> list:
-  """TFF's local ServiceManagers (each owns the worker_binary of a local context); a
-  class local to a TFF function, so found among the live objects."""
-  return [manager for manager in gc.get_objects()
-          if type(manager).__name__ == 'ServiceManager' and hasattr(manager, '_process')]
-
-
 def _forget_stopped_workers() -> None:
   """Makes TFF's local ServiceManagers forget the workers stopped here.
 
@@ -79,27 +72,10 @@ def _forget_stopped_workers() -> None:
   teardown and print an ignored AttributeError, has nothing left to stop: it is
   replaced for these managers' class only.
   """
-  for manager in _service_managers():
+  for manager in teardown.service_managers():
     manager._process = None  # pylint: disable=protected-access
     manager._stub = None  # pylint: disable=protected-access
-    type(manager).__del__ = _stop_nothing
-
-
-def disarm_idle_managers() -> None:
-  """Replaces the finalizer of TFF's local ServiceManagers that started no worker.
-
-  Run during the interpreter's teardown, that finalizer finds `subprocess` already
-  None and prints an ignored AttributeError: an exit hook calls this first
-  (`tff_robust.distributed.passwise`, whose import alone moved TFF's finalizer late
-  enough to fail). It has nothing to stop; a manager holding a worker keeps its own.
-  """
-  for manager in _service_managers():
-    if manager._process is None:  # pylint: disable=protected-access
-      type(manager).__del__ = _stop_nothing
-
-
-def _stop_nothing(manager) -> None:
-  del manager  # Its worker, if it started one, is stopped by stop_worker_binaries.
+    type(manager).__del__ = teardown.stop_nothing
 
 
 def stop_worker_binaries(timeout: float = 5.0) -> None:

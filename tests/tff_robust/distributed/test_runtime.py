@@ -52,7 +52,9 @@ def test_import_leaves_signal_handlers_and_exit_hooks_alone():
 
 
 @pytest.mark.parametrize('module', ['tff_robust.distributed.execution',
-                                    'tff_robust.learning.processes'])
+                                    'tff_robust.learning.processes',
+                                    'tff_robust.aggregators.geometric_median',
+                                    'tasks.builders.task'])
 def test_importing_a_module_prints_nothing_at_exit(module):
   # TFF's finalizer of its idle local worker manager ran late in the teardown, where
   # `subprocess` is None: "Exception ignored ... 'NoneType' object has no attribute
