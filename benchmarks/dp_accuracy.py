@@ -39,6 +39,7 @@ import time
 from absl import flags
 import numpy as np
 
+from benchmarks import tables
 from tasks.binaries import exit_status
 
 ROWS = ('gm', 'one_step_gm', 'gamma_mean', 'dp_fedavg')
@@ -208,15 +209,6 @@ def grid():
           yield row, nu, attack, rho, seed
 
 
-def _cell(values) -> str:
-  values = [100 * v for v in values]
-  if not values:
-    return ''
-  if len(values) == 1:
-    return f'{values[0]:.1f}'
-  return f'{np.mean(values):.1f} [{min(values):.1f}, {max(values):.1f}]'
-
-
 def command() -> str:
   listed = ' '.join(f'--{name}={",".join(getattr(flags.FLAGS, name))}'
                     for name in ('aggregators', 'relative_nus', 'attacks', 'rhos',
@@ -250,7 +242,8 @@ def page(results, noise, seconds, trained, total) -> str:
   for row, nu in rows():
     z, passes, epsilon, records = noise[row, nu]
     name = ROW_NAMES[row] + ('' if nu is None else f', relative ν {nu:g}')
-    cells = [_cell(results.get((row, nu, a, r), [])) for a, r in columns]
+    cells = [tables.accuracy_cell(results.get((row, nu, a, r), []))
+             for a, r in columns]
     lines.append(f'| {name} | {passes} | {z:.3f} | {records:.3f} | {epsilon:.2f} | ' +
                  ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'

@@ -32,6 +32,7 @@ import time
 from absl import flags
 import numpy as np
 
+from benchmarks import tables
 from tasks import builders
 from tasks import registry
 from tasks.binaries import exit_status
@@ -161,15 +162,6 @@ def _update_only_worst(aggregator: str) -> dict:
   return {}
 
 
-def _cell(values) -> str:
-  values = [100 * v for v in values]
-  if not values:
-    return ''
-  if len(values) == 1:
-    return f'{values[0]:.1f}'
-  return f'{np.mean(values):.1f} [{min(values):.1f}, {max(values):.1f}]'
-
-
 def command() -> str:
   return 'python -m benchmarks.protocol_attacks ' + ' '.join(
       f'--{name}={",".join(getattr(flags.FLAGS, name))}'
@@ -204,14 +196,14 @@ def page(results: dict, seconds: float, trained: int, total: int) -> str:
   lines += ['| ' + ' | '.join(header) + ' |',
             '|---|---|' + '---:|' * (len(header) - 2)]
   for aggregator in _AGGREGATORS.value:
-    clean = _cell(results.get((aggregator, None, 0.0, False), []))
+    clean = tables.accuracy_cell(results.get((aggregator, None, 0.0, False), []))
     lines.append(f'| {aggregator} | none (clean) | ' +
                  ' | '.join([clean] + [''] * (len(header) - 3)) + ' |')
     for attack in _ATTACKS.value:
-      cells = [_cell(results.get((aggregator, attack, rho, bounds), []))
+      cells = [tables.accuracy_cell(results.get((aggregator, attack, rho, bounds), []))
                for rho in rhos for bounds in (False, True)]
       if attack == 'update_only':
-        cells = [_cell(results.get((aggregator, attack, rho, False), []))
+        cells = [tables.accuracy_cell(results.get((aggregator, attack, rho, False), []))
                  for rho in rhos for _ in (0, 1)]
       lines.append(f'| {aggregator} | {attack} | ' + ' | '.join(cells) + ' |')
     worst = _update_only_worst(aggregator)
