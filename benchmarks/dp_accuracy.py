@@ -274,10 +274,7 @@ def main(argv):
     results.setdefault((row, nu, attack, rho), []).append(entry.final_accuracy)
   text = '\n'.join([f'<!-- Written by `{command()}`; rerun it to update. -->', '',
                     page(results, noise, time.time() - start, trained, len(runs))])
-  print(text)
-  if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w', encoding='utf-8') as f:
-      f.write(text)
+  tables.print_and_write(text, _OUTPUT.value)
 
 
 if __name__ == '__main__':

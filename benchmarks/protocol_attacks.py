@@ -244,10 +244,7 @@ def main(argv):
   if 'training' in _PARTS.value:
     sections.append(training_page())
   text = '\n'.join(sections)
-  print(text)
-  if _OUTPUT.value:
-    with open(_OUTPUT.value, 'w', encoding='utf-8') as f:
-      f.write(text)
+  tables.print_and_write(text, _OUTPUT.value)
 
 
 if __name__ == '__main__':

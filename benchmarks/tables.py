@@ -1,4 +1,4 @@
-"""Cells of the benchmarks' markdown tables."""
+"""Cells and pages of the benchmarks' markdown tables."""
 
 from typing import Sequence
 
@@ -14,3 +14,11 @@ def accuracy_cell(values: Sequence[float]) -> str:
   if len(values) == 1:
     return f'{values[0]:.1f}'
   return f'{np.mean(values):.1f} [{min(values):.1f}, {max(values):.1f}]'
+
+
+def print_and_write(text: str, path: str) -> None:
+  """Prints a page and, if `path` is not empty, writes it there."""
+  print(text)
+  if path:
+    with open(path, 'w', encoding='utf-8') as f:
+      f.write(text)

@@ -140,9 +140,11 @@ class _TrustRegionSteps(iterative_steps.WrappedSteps):
     @tff.tensorflow.computation(inner.value_type, norms_type, tf.int32)
     def bound(result, norms, count):
       radius = radius_from_history(norms, count, multiple)
-      scale = bounded_scale(numerics.global_l2_norm(result), radius)
+      norm = numerics.global_l2_norm(result)
+      scale = bounded_scale(norm, radius)
+      # The bounded result's norm is norm · scale: no second pass over the model.
+      norms, count = recorded(norms, count, norm * scale)
       result = numerics.scaled(result, scale)
-      norms, count = recorded(norms, count, numerics.global_l2_norm(result))
       return collections.OrderedDict(result=result, norms=norms, count=count,
                                      radius=radius, scale=scale)
 
