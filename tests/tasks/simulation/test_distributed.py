@@ -1,5 +1,5 @@
 """tasks.simulation.distributed: one round with the clients split over two local
-workers (127.0.0.1) equals the single-process round, for every secure aggregator."""
+workers (127.0.0.1) equals the single-process round, mergeable and pass by pass."""
 
 import numpy as np
 import pytest
@@ -16,12 +16,12 @@ from tff_robust import distributed
 pytestmark = pytest.mark.slow
 
 RELATIVE_TOLERANCE = 1e-6
+# The harness's two paths on workers: a mergeable round (FedAvg's mean) and a round
+# whose aggregate runs pass by pass (the GM). Every secure aggregator's passes on
+# workers are tests/tff_robust/distributed/test_distributed.py's.
 AGGREGATORS = {
     'mean': {},  # FedAvg.
     'gm': dict(num_communication_passes=3),
-    'one_step_gm': {},
-    'gamma_mean': dict(gamma=0.5),
-    'gma': {},
 }
 
 
