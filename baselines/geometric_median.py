@@ -113,8 +113,6 @@ class GatheredGeometricMedianFactory(gather.GatheringAggregationFactory):
   With no client of weight > 0 the result is zero.
   """
 
-  RESULTS_REVISION = geometric_median.GeometricMedianFactory.RESULTS_REVISION
-
   def __init__(self,
                num_communication_passes: int = 3,
                nu: Optional[float] = None,

@@ -345,12 +345,26 @@ def check_num_clients(factory, num_clients: int) -> None:
     factory = getattr(factory, 'inner', None)  # Through the wrappers.
 
 
+# {factory class: revision}, bumped when the class's results change for the same
+# arguments (a new default), so the runs using it are retrained instead of taken from a
+# ledger or resumed from checkpoints; the other runs keep their configurations.
+# GeometricMedianFactory (and the gathered one) 4: the trimmed start and
+# β = α·ν/max(ν, d); GammaMeanFactory 2: γ scaled by the spread by default.
+RESULTS_REVISIONS = {'GeometricMedianFactory': 4, 'GatheredGeometricMedianFactory': 4,
+                     'GammaMeanFactory': 2}
+
+
+def _results_revision(obj):
+  """The revision of `obj`'s class or of the nearest revised class it derives from."""
+  for cls in type(obj).__mro__:
+    if cls.__name__ in RESULTS_REVISIONS:
+      return RESULTS_REVISIONS[cls.__name__]
+  return None
+
+
 def results_revisions(factory) -> dict[str, int]:
-  """{class name: `RESULTS_REVISION`} of every factory in `factory`'s wrapping chain
-  that declares one. A factory whose results change for the same arguments (a new
-  default) bumps its `RESULTS_REVISION`, so the runs using it are retrained instead
-  of taken from a ledger or resumed from checkpoints; the other runs keep their
-  configurations."""
+  """{class name: revision} (`RESULTS_REVISIONS`) of every factory in `factory`'s
+  wrapping chain whose class, or a class it derives from, is revised."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top,redefined-outer-name
   factory_types = (tff.aggregators.WeightedAggregationFactory,
                    tff.aggregators.UnweightedAggregationFactory)
@@ -360,7 +374,7 @@ def results_revisions(factory) -> dict[str, int]:
     if id(obj) in seen:
       continue
     seen.add(id(obj))
-    revision = getattr(obj, 'RESULTS_REVISION', None)
+    revision = _results_revision(obj)
     if revision is not None:
       found[type(obj).__name__] = revision
     pending.extend(v for v in getattr(obj, '__dict__', {}).values()

@@ -213,10 +213,6 @@ class GammaMeanFactory(iterative_steps.IterativeAggregationFactory):
   *   `inner`: the inner factory's measurements of the last call.
   """
 
-  # 2: γ scaled by the spread by default (was the absolute γ = 0.5). Runs in ledgers
-  # keyed by an older revision are retrained (`tasks.simulation.sweep`).
-  RESULTS_REVISION = 2
-
   # Client values reach the server only through sums (see the privacy tests).
   secure_compatible = True
 
@@ -293,8 +289,7 @@ class GammaMeanFactory(iterative_steps.IterativeAggregationFactory):
           f'initial_point must be one of {INITIAL_POINTS}, got {initial_point!r}.')
     self._initial_point = initial_point
     self._inner = iterative_mean.check_inner_mean_factory(inner_mean_factory)
-    # Built only for the median start, so that a mean-start γ-mean's results do not
-    # carry (nor get retrained for) the median's `RESULTS_REVISION`.
+    # Built only for the median start: a mean-start γ-mean holds no median factory.
     if geometric_median_factory is None and initial_point == 'geometric_median':
       geometric_median_factory = geometric_median.GeometricMedianFactory(
           inner_mean_factory=self._inner)

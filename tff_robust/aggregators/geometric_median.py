@@ -218,11 +218,6 @@ class GeometricMedianFactory(iterative_steps.IterativeAggregationFactory):
   configuration these are `tff_robust.aggregators.privacy.SIDE_CHANNELS`).
   """
 
-  # Bumped when a default changes the results: runs in ledgers keyed by an older
-  # revision are retrained (`tasks.simulation.sweep`). 4: the trimmed start, and
-  # β = α·ν/max(ν, d) (other starts: the same values to float rounding).
-  RESULTS_REVISION = 4
-
   # Client values reach the server only through sums (see the privacy tests).
   secure_compatible = True
 

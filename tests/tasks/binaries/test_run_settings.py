@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 # Computed by the code of main before `RunSettings` (commit c872bf7): the run names
 # and fingerprints the committed ledgers (results/leaderboard_emnist_<model>_runs.csv)
 # and finished run directories key runs by. A change would make every committed run
-# look stale; only a factory's new `RESULTS_REVISION` may change them, on purpose.
+# look stale; only a new `tasks.registry.RESULTS_REVISIONS` entry may change them, on purpose.
 _TRAIN = [  # (command line, run name, fingerprint of `RunSettings.config()`)
     ([], 'emnist_linear_gm_none_rho0_seed0', 'e9dcd20240933319'),
     (['--aggregator=krum', '--attack=alie', '--rho=0.2', '--seed=3',
