@@ -51,7 +51,7 @@ def test_import_leaves_signal_handlers_and_exit_hooks_alone():
   assert result.stdout.split()[-2:] == ['True', 'True'], result.stderr
 
 
-@pytest.mark.parametrize('module', ['tff_robust.distributed.execution',
+@pytest.mark.parametrize('module', ['tff_robust.distributed.distributed_context',
                                     'tff_robust.learning.processes',
                                     'tff_robust.aggregators.geometric_median',
                                     'tasks.builders.task'])
@@ -85,7 +85,7 @@ def test_lazily_loaded_modules_are_package_attributes():
   result = _python('import tff_robust\n'
                    'print(tff_robust.distributed.LocalWorkers.__module__,\n'
                    '      tff_robust.passwise.PasswiseFactory.__module__)', check=True)
-  assert result.stdout.split()[-2:] == ['tff_robust.distributed.execution',
+  assert result.stdout.split()[-2:] == ['tff_robust.distributed.local_workers',
                                         'tff_robust.distributed.passwise']
   listed = _python('import tff_robust; print(set(dir(tff_robust)) >= '
                    '{"distributed", "passwise", "GeometricMedianFactory"})', check=True)
