@@ -116,7 +116,6 @@ class LocalWorkers:
         not isinstance(credentials, worker_credentials.Credentials)):
       credentials = worker_credentials.Credentials.worker(os.fspath(credentials))
     self._credentials = credentials
-    self._binary = worker_launcher.worker_binary_path()
     self._requested = num_workers
     self._host = host
     self._ports = list(ports) if ports is not None else None

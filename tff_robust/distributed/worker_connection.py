@@ -122,7 +122,7 @@ def wait_until_ready(address: str, timeout: float,
                   'credentials=DIR (--worker_credentials=DIR).')
         else:
           hint = ('are the driver\'s credentials and the worker\'s --tls_* files '
-                  'from the same deployment (`python -m tff_robust.'
+                  'from the same deployment (`python -m tff_robust.distributed.'
                   'worker_credentials`), and does the worker use TLS at all?')
         raise WorkerError(address, f'refused the connection ({details}); {hint}')
       if time.monotonic() >= deadline:
@@ -136,8 +136,9 @@ def wait_until_ready(address: str, timeout: float,
 
 
 class _FailFastStub(tff.framework.RemoteExecutorStub):
-  """TFF's gRPC stub, but every call has a deadline and a worker that stays
-  unreachable, or stops answering, raises `WorkerError`.
+  """The remote executors' stub in place of TFF's `RemoteExecutorGrpcStub`: the same
+  calls of the worker's `ExecutorGroup` service, but every call has a deadline and a
+  worker that stays unreachable, or stops answering, raises `WorkerError`.
 
   TFF's `AsyncExecutionContext` retries an UNAVAILABLE worker forever (backing off to
   every 30 s), and TFF's stub sets no deadline, so a dead worker would hang the
