@@ -22,7 +22,7 @@ import tensorflow_federated as tff
 from tff_robust.common import arguments
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
-from tff_robust.common import unit_weights
+from tff_robust.common import weighted_or_unweighted
 
 
 leaf_types = iterative_mean.tensor_types
@@ -207,7 +207,7 @@ def gathering_steps(value_type, weight_type, capacity: Optional[int] = None):
   return to_row, zero, accumulate, merge, report
 
 
-class GatheringAggregationFactory(unit_weights.WeightedOrUnweightedFactory):
+class GatheringAggregationFactory(weighted_or_unweighted.WeightedOrUnweightedFactory):
   """Base class of the baselines computed at the server from all client updates.
 
   NOT compatible with secure aggregation: every client's update reaches the server.

@@ -12,7 +12,7 @@ from tff_robust.common.tff_private import robust as tff_robust_aggregators
 from tff_robust.common import arguments
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
-from tff_robust.common import unit_weights
+from tff_robust.common import weighted_or_unweighted
 
 # Updates are scaled down to this norm before TFF's clipping sees them: TFF computes the
 # norm in float32, which overflows to inf from ~1e19 on, and x / inf = 0 would drop the
@@ -20,7 +20,7 @@ from tff_robust.common import unit_weights
 NORM_BEFORE_CLIPPING = 1e18
 
 
-class NormBoundingFactory(unit_weights.WeightedOrUnweightedFactory):
+class NormBoundingFactory(weighted_or_unweighted.WeightedOrUnweightedFactory):
   """Scales a client update of L2 norm (computed in float64, rescaled) above
   `max_norm` down to norm `max_norm` on its client, then aggregates with `inner`:
   direction kept, norm still far above any clipping bound. TFF's clipping computes the
@@ -96,7 +96,7 @@ def make_float64_clip_fn(value_type) -> tff.Computation:
   return clip_fn
 
 
-class L2ClippingFactory(unit_weights.WeightedOrUnweightedFactory):
+class L2ClippingFactory(weighted_or_unweighted.WeightedOrUnweightedFactory):
   """`tff.aggregators.clipping_factory(clip_norm, inner)`, in float64 for a value
   structure holding a float64 tensor.
 

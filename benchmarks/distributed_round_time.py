@@ -213,8 +213,8 @@ def _drive(addresses, credentials, network) -> None:
   """The driver: every configuration, interleaved, then the tables."""
   # pylint: disable=g-import-not-at-top
   from tasks.simulation import client_work as client_work_lib
-  from tasks.simulation import distributed as distributed_simulation
   from tasks.simulation import loop
+  from tasks.simulation import on_workers
   from tasks.simulation import worker_data
   task = builders.build_task(
       'emnist', _MODEL.value, source='bundled',
@@ -240,10 +240,10 @@ def _drive(addresses, credentials, network) -> None:
     for n in counts:
       for path in _PATHS.value:
         context = contexts[n, path == 'ids']
-        work = distributed_simulation.MergeableFedAvgClientWork(
+        work = on_workers.MergeableFedAvgClientWork(
             task, context, client_data if path != 'datasets' else None)
         timers[n, path] = _TimedClientWork(work)
-        simulations[n, path] = distributed_simulation.DistributedSimulation(
+        simulations[n, path] = on_workers.DistributedSimulation(
             task, factory, timers[n, path], context=context, **kwargs)
     states = {k: s.initial_state() for k, s in simulations.items()}
     rows = collections.defaultdict(list)

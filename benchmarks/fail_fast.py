@@ -15,7 +15,7 @@ from tff_robust.common.tff_private import tensorflow_computation
 
 from tff_robust import distributed
 from tff_robust import runtime
-from tff_robust.distributed import execution
+from tff_robust.distributed import worker_connection
 
 # A worker killed for memory writes no line of its own: the kernel's OOM killer does.
 KILLED_FOR_MEMORY_HINT = ('a worker killed for memory (the kernel\'s OOM killer, see '
@@ -41,7 +41,7 @@ def fail_fast_worker(worker_flags=()):
       # One worker's fail-fast channel (the one `DistributedContext` holds per
       # worker), in a plain synchronous context: the robust processes are not
       # mergeable, and one worker needs no merging.
-      worker = execution._WorkerContext(  # pylint: disable=protected-access
+      worker = worker_connection.WorkerContext(
           workers.addresses[0], distributed.DEFAULT_MAX_MESSAGE_BYTES,
           distributed.DEFAULT_CONNECT_TIMEOUT_SECONDS,
           distributed.DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, None)

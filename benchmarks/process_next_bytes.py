@@ -96,7 +96,6 @@ def main(argv):
   import tensorflow_federated as tff
   import tff_robust
   from tff_robust import distributed
-  from tff_robust.distributed import execution
   clients = _clients(_CLIENTS.value)
   datasets = [tf.data.Dataset.from_tensor_slices(c).batch(10) for c in clients]
   process = tff_robust.build_robust_federated_aggregation_process(
@@ -116,7 +115,7 @@ def main(argv):
           workers.addresses, credentials=credentials,
           merge_context=merge_context) as context:
         state = process.next(state, datasets).state  # Warm-up.
-        cls = execution.DistributedContext
+        cls = distributed.DistributedContext
         originals = cls.invoke, cls.invoke_keeping
         cls.invoke = recorder.invoke(originals[0])
         cls.invoke_keeping = recorder.invoke_keeping(originals[1])

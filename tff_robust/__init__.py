@@ -52,7 +52,7 @@ _EXPORTS = {
     'build_one_step_robust_federated_aggregation_process': 'learning.processes',
     'build_process_with_aggregator': 'learning.processes',
     'PersonalizationClient': 'learning.personalization',
-    'unweighted': 'common.unit_weights',
+    'unweighted': 'common.weighted_or_unweighted',
 }
 # The sub-packages, and short names of three of their modules (the same objects).
 _SUBMODULES = {

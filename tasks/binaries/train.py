@@ -187,8 +187,8 @@ def run_settings() -> flag_groups.RunSettings:
 def build_simulation(settings: flag_groups.RunSettings, task,
                      context=None) -> loop.Simulation:
   """The simulation of `settings` (on the workers of `context`, if given)."""
-  from tasks.simulation import distributed as distributed_simulation  # pylint: disable=g-import-not-at-top
-  return distributed_simulation.build_simulation(
+  from tasks.simulation import on_workers  # pylint: disable=g-import-not-at-top
+  return on_workers.build_simulation(
       task, settings.factory(), flag_groups.client_work_from_flags(task),
       context=context, attack=settings['attack'],
       attack_params=flag_groups.parse_named_args(
@@ -221,8 +221,8 @@ def main(argv, settings=None):
   flag_groups.quiet_logs()
   output_dir, config = _output_dir(settings), settings.config()
   # pylint: disable=g-import-not-at-top
-  from tasks.simulation import distributed as distributed_simulation
   from tasks.simulation import experiment
+  from tasks.simulation import on_workers
   with contextlib.ExitStack() as stack:
     # One process per run directory, from before its config.json is checked.
     stack.enter_context(run_lock.owned(output_dir))
@@ -268,7 +268,7 @@ def main(argv, settings=None):
                                 on_checkpoint=exit_status.rounds_checkpointed)
     except experiment.NonFiniteStateError as e:
       exit_status.exit_with(e, exit_status.NON_FINITE)
-    except distributed_simulation.WorkerRoundError as e:
+    except on_workers.WorkerRoundError as e:
       exit_status.exit_with(e, exit_status.WORKER_FAILED)
   print(f'Finished {settings["rounds"]} rounds; metrics in '
         f'{os.path.join(output_dir, experiment.METRICS_FILE)}', file=sys.stderr)

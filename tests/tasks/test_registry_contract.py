@@ -28,7 +28,7 @@ from tasks import registry
 import tff_robust
 from tff_robust.iterative import iterative_mean
 from tff_robust.aggregators import original_rfa
-from tff_robust.common import unit_weights
+from tff_robust.common import weighted_or_unweighted
 
 NUM_CLIENTS = 8  # Krum's default f = floor(0.25 n) = 2 needs n > 6.
 
@@ -155,7 +155,8 @@ class FactoryKindTest(parameterized.TestCase):
     self.assertIs(tff_robust.unweighted(factory), factory)
     # Unweighted, it is its weighted process with unit weights (the one code path of
     # the unweighted mode, tested on every structure in `UnweightedTest`).
-    self.assertIs(type(factory).create, unit_weights.WeightedOrUnweightedFactory.create)
+    self.assertIs(type(factory).create,
+                  weighted_or_unweighted.WeightedOrUnweightedFactory.create)
 
 
 class CodePathTest(parameterized.TestCase):

@@ -20,7 +20,7 @@ from tff_robust.common import arguments
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
 from tff_robust.common import tff_private
-from tff_robust.common import unit_weights
+from tff_robust.common import weighted_or_unweighted
 
 
 _RECORD_DTYPE = tf.float32
@@ -28,7 +28,8 @@ _RECORD_DTYPE = tf.float32
 RECORD_SENSITIVITY = math.sqrt(2.0)
 
 
-class DifferentiallyPrivateWeightedMeanFactory(unit_weights.WeightedOrUnweightedFactory):
+class DifferentiallyPrivateWeightedMeanFactory(
+    weighted_or_unweighted.WeightedOrUnweightedFactory):
   """Weighted mean Σ β_i x_i / Σ β_i of clipped updates from one Gaussian-mechanism sum.
 
   The record. Each client clips its value to L2 norm C, x̃_i = x_i·min(1, C/‖x_i‖),

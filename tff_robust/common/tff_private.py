@@ -5,7 +5,8 @@ Every private module the project uses (`tensorflow_federated.python...`,
 enforces it), after checking that the installed TFF is the release they were read
 against. What needs them: the in-process evaluation of TFF computations
 (`tasks.simulation.in_process`), the multi-worker runtime
-(`tff_robust.distributed.execution`), the client update of TFF's model-delta client
+(`tff_robust.distributed.distributed_context` and its `worker_connection`,
+`resident_values`, `local_workers`), the client update of TFF's model-delta client
 work (`tff_robust.learning.processes`), the original TFF RFA baseline
 (`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`), TFF's
 distributed DP sum (`tff_robust.aggregators.privacy`, not exported by 0.87), telling the

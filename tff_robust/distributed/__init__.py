@@ -4,11 +4,13 @@
                       mergeable context runs one aggregation per computation);
                       `register_equivalent`: a computation's pass-by-pass form,
                       which `DistributedContext` runs in its place
-  execution           `distributed_execution`, `DistributedContext`, `LocalWorkers`,
-                      `WorkerError`, `ResidentValue` (a round's per-client values
-                      kept on the workers), `private_local_execution` (a driver's
-                      own computations, reachable by nobody else; also importable
-                      from this package)
+  distributed_context `DistributedContext`, `distributed_execution`: TFF's mergeable
+                      execution with each call's clients split over the workers
+  worker_connection   one worker's channel: `make_channel`, `wait_until_ready`, the
+                      fail-fast stub, `WorkerError`
+  resident_values     `ResidentValue`: a round's per-client values kept on the workers
+  local_workers       `LocalWorkers` (workers on this machine), `private_local_execution`
+                      (a driver's own computations, reachable by nobody else)
   worker_launcher     `python -m tff_robust.distributed --port=N`: one worker_binary,
                       started without TensorFlow
   worker_network      the worker's private network namespace and its TLS forwarder
@@ -28,9 +30,13 @@ import importlib.util
 # Name → the module it loads: the names a binary checks its flags with come from
 # modules that import no TensorFlow.
 _NAMES = {
-    **dict.fromkeys(('DistributedContext', 'LocalWorkers', 'ResidentValue', 'WorkerError',
-                     'distributed_execution', 'make_channel', 'private_local_execution',
-                     'wait_until_ready'), 'execution'),
+    'DistributedContext': 'distributed_context',
+    'distributed_execution': 'distributed_context',
+    **dict.fromkeys(('WorkerError', 'make_channel', 'wait_until_ready'),
+                    'worker_connection'),
+    'ResidentValue': 'resident_values',
+    'LocalWorkers': 'local_workers',
+    'private_local_execution': 'local_workers',
     **dict.fromkeys(('DEFAULT_CALL_TIMEOUT_SECONDS', 'DEFAULT_CONNECT_TIMEOUT_SECONDS',
                      'DEFAULT_MAX_MESSAGE_BYTES', 'DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS',
                      'check_credentials_needed', 'parse_addresses'), 'worker_addresses'),

@@ -1,5 +1,5 @@
 """Worker addresses and the driver's defaults, without TensorFlow: what a binary
-checks of --workers at parse time (`execution` uses the same)."""
+checks of --workers at parse time (`distributed_context` uses the same)."""
 
 from tff_robust.distributed import worker_network
 

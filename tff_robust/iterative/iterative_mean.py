@@ -16,9 +16,9 @@ import tensorflow_privacy as tfp
 
 from tff_robust.common import numerics
 from tff_robust.common import type_checks
-from tff_robust.common import unit_weights
+from tff_robust.common import weighted_or_unweighted
 
-WEIGHT_TYPE = unit_weights.UNIT_WEIGHT_TYPE
+WEIGHT_TYPE = weighted_or_unweighted.UNIT_WEIGHT_TYPE
 check_float_structure = type_checks.check_float_structure
 
 
@@ -28,7 +28,7 @@ def default_inner_mean_factory() -> tff.aggregators.WeightedAggregationFactory:
   return Float64MeanFactory()
 
 
-class Float32MeanFactory(unit_weights.WeightedOrUnweightedFactory):
+class Float32MeanFactory(weighted_or_unweighted.WeightedOrUnweightedFactory):
   """Weighted mean Σ w_i x_i / Σ w_i with the products and their sum in the values'
   own dtype, as `tff.aggregators.MeanFactory(no_nan_division=True)`, and two fixes for
   the weights an iterative aggregate produces:
@@ -68,7 +68,7 @@ class Float32MeanFactory(unit_weights.WeightedOrUnweightedFactory):
     return _weighted_mean_process(value_type, weight_type, weighted)
 
 
-class Float64MeanFactory(unit_weights.WeightedOrUnweightedFactory):
+class Float64MeanFactory(weighted_or_unweighted.WeightedOrUnweightedFactory):
   """Weighted mean Σ α_i x_i / Σ α_i with the products and both sums in float64.
 
   The default inner mean of the plain means (`mean`, GMA, the γ-mean).

@@ -34,7 +34,7 @@ import tensorflow_federated as tff
 
 from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_mean
-from tff_robust.common import unit_weights
+from tff_robust.common import weighted_or_unweighted
 
 # What the server knows between passes: a structure of dicts and lists whose leaves
 # are SERVER-placed federated values (estimates, inner states, per-pass statistics).
@@ -388,7 +388,7 @@ class ProcessSteps(IterativeSteps):
                                                carry['measurements'])
 
 
-class IterativeAggregationFactory(unit_weights.WeightedOrUnweightedFactory):
+class IterativeAggregationFactory(weighted_or_unweighted.WeightedOrUnweightedFactory):
   """Base of the factories of iterative aggregates: a subclass validates its
   arguments in `__init__` and defines `steps(value_type)`.
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import processes
 from tff_robust import distributed
-from tff_robust.distributed import execution
+from tff_robust.distributed import worker_connection
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
 # `pytest -m "not slow"` tier.
@@ -96,7 +96,7 @@ def test_a_failed_worker_stops_the_round_and_the_rerun_resumes(
     failure, reference, tmp_path):
   # Stopped (SIGSTOP: its connections stay open) is issue 54's: before, the driver
   # waited for as long as it was watched. Now no probe is answered and the round
-  # fails within the timeout + execution.PROBE_INTERVAL.
+  # fails within the timeout + worker_connection.PROBE_INTERVAL.
   root = str(tmp_path)
   metrics = os.path.join(root, 'run', 'metrics.csv')
   seen_children = set()
@@ -152,7 +152,7 @@ def test_a_failed_worker_stops_the_round_and_the_rerun_resumes(
     rerun_seconds = time.monotonic() - rerun_start
     assert result.returncode == 0, result.stderr[-3000:]
     detection = UNAVAILABLE_TIMEOUT_SECONDS + (
-        execution.PROBE_INTERVAL if failure == 'stopped' else 0)
+        worker_connection.PROBE_INTERVAL if failure == 'stopped' else 0)
     print(f'MEASURED {failure}: the exit {kill_to_exit:.1f} s after, the rerun '
           f'{rerun_seconds:.1f} s')
     assert kill_to_exit < detection + rerun_seconds, (

@@ -114,7 +114,7 @@ class AggregationTest(parameterized.TestCase):
     self.assertEqual(updates, [])
 
   def test_leaves_a_python_driven_process_to_its_driver(self):
-    # Pass by pass (e.g. on workers, `tasks.simulation.distributed`): not one TFF
+    # Pass by pass (e.g. on workers, `tasks.simulation.on_workers`): not one TFF
     # computation, so it runs as its driver says.
     process = passwise.PasswiseFactory(registry.aggregator_from_name('gm')).create(
         _VALUE_TYPE, _WEIGHT_TYPE)

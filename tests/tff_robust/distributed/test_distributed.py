@@ -22,8 +22,9 @@ from tff_robust.aggregators import gamma_mean
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import gradient_masking
 from tff_robust.aggregators import nonfinite
-from tff_robust.distributed import execution
 from tff_robust.distributed import passwise
+from tff_robust.distributed import resident_values
+from tff_robust.distributed import worker_connection
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
 # `pytest -m "not slow"` tier.
@@ -216,7 +217,7 @@ def test_calls_on_a_closed_channel_raise_no_grpc_value_error():
   # RPC: Channel closed!") printed as thread tracebacks.
   address = '127.0.0.1:1'
   channel = grpc.insecure_channel(address)
-  stub = execution._FailFastStub(address, channel, 1.0)  # pylint: disable=protected-access
+  stub = worker_connection._FailFastStub(address, channel, 1.0)  # pylint: disable=protected-access
   channel.close()
   assert stub.dispose(executor_pb2.DisposeRequest()) is None
   assert stub.dispose_executor(executor_pb2.DisposeExecutorRequest()) is None
@@ -231,7 +232,7 @@ def test_partial_sums_merge_in_the_drivers_own_context(workers):
   process = passwise.PasswiseFactory(FACTORIES['gm']()).create(
       cases.VALUE_TYPE, cases.WEIGHT_TYPE)
   merges, on_workers = [], []
-  worker_invoke = execution._WorkerInvoker.invoke  # pylint: disable=protected-access
+  worker_invoke = resident_values.WorkerInvoker.invoke
 
   async def recording_invoke(self, comp, arg):
     on_workers.append(comp)
@@ -249,7 +250,7 @@ def test_partial_sums_merge_in_the_drivers_own_context(workers):
         workers.addresses, merge_context=driver.async_context, connect_timeout=60)
     try:
       with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(execution._WorkerInvoker, 'invoke', recording_invoke)  # pylint: disable=protected-access
+        patch.setattr(resident_values.WorkerInvoker, 'invoke', recording_invoke)
         with tff.framework.get_context_stack().install(context):
           got = process.next(process.initialize(), values, weights)
     finally:
@@ -295,7 +296,7 @@ def test_a_stopped_worker_fails_the_call_within_the_probe_bound(stopped):
     pids = local.pids
   assert not processes.running(pids)
   print(f'MEASURED stopped {stopped}: the error {detected:.1f} s after SIGSTOP')
-  assert timeout <= detected <= 2 * (execution.PROBE_INTERVAL + timeout)
+  assert timeout <= detected <= 2 * (worker_connection.PROBE_INTERVAL + timeout)
   want = process.next(process.initialize(), values, weights)
   structures.assert_same(got.result, want.result)
 

@@ -33,7 +33,7 @@ from tff_robust.aggregators import gamma_mean
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import gradient_masking
 from tff_robust.aggregators import nonfinite
-from tff_robust.distributed import execution
+from tff_robust.distributed import distributed_context
 from tff_robust.distributed import passwise
 from tff_robust.distributed import worker_credentials
 from tff_robust.distributed import worker_launcher
@@ -220,11 +220,11 @@ def test_per_client_results_come_back_in_client_order():
   # shards in the order the workers finished (here: clients 4-6, then 0-3).
   form = mergeable_comp_compiler.compile_to_mergeable_comp_form(_plus_one_and_sum)
   values = [np.float32(v) for v in range(7)]
-  shards = execution._shards(  # pylint: disable=protected-access
+  shards = distributed_context._shards(  # pylint: disable=protected-access
       values, form.up_to_merge.type_signature.parameter, 2)
   assert shards == [values[:4], values[4:]]
   contexts = [_DelayedContext(0.5), _DelayedContext(0.0)]
-  result = asyncio.run(execution._invoke_in_order(  # pylint: disable=protected-access
+  result = asyncio.run(distributed_context._invoke_in_order(  # pylint: disable=protected-access
       form, shards, contexts))
   np.testing.assert_array_equal(np.asarray(result[0]), np.arange(1, 8))
   assert float(result[1]) == 21.0

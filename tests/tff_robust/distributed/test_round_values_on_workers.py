@@ -19,8 +19,9 @@ from tests.helpers import structures
 from tests.tff_robust.distributed import test_distributed as aggregation_cases
 from tests.tff_robust.distributed import test_distributed_learning as learning_cases
 from tff_robust import distributed
-from tff_robust.distributed import execution
 from tff_robust.distributed import passwise
+from tff_robust.distributed import resident_values
+from tff_robust.distributed import worker_connection
 
 # Starts worker processes: not in the `pytest -m "not slow"` tier.
 pytestmark = pytest.mark.slow
@@ -38,8 +39,8 @@ class _Requests:
     self.client_members = collections.Counter()
     self.client_refs = collections.defaultdict(set)
     self.disposed = collections.defaultdict(set)
-    create_value = execution._FailFastStub.create_value  # pylint: disable=protected-access
-    dispose = execution._FailFastStub.dispose  # pylint: disable=protected-access
+    create_value = worker_connection._FailFastStub.create_value  # pylint: disable=protected-access
+    dispose = worker_connection._FailFastStub.dispose  # pylint: disable=protected-access
     requests = self
 
     def counting_create_value(stub, request):
@@ -54,8 +55,8 @@ class _Requests:
       requests.disposed[stub._address].update(r.id for r in request.value_ref)  # pylint: disable=protected-access
       return dispose(stub, request)
 
-    monkeypatch.setattr(execution._FailFastStub, 'create_value', counting_create_value)  # pylint: disable=protected-access
-    monkeypatch.setattr(execution._FailFastStub, 'dispose', recording_dispose)  # pylint: disable=protected-access
+    monkeypatch.setattr(worker_connection._FailFastStub, 'create_value', counting_create_value)  # pylint: disable=protected-access
+    monkeypatch.setattr(worker_connection._FailFastStub, 'dispose', recording_dispose)  # pylint: disable=protected-access
 
   def clear(self):
     self.client_members.clear()
@@ -148,8 +149,8 @@ def test_a_learning_process_sends_no_update(context, monkeypatch):
 
 
 def test_a_resident_value_is_used_in_its_shards_only():
-  pieces = [execution._Piece(None, None, 4), execution._Piece(None, None, 3)]  # pylint: disable=protected-access
-  value = execution.ResidentValue(tff.FederatedType(np.float32, tff.CLIENTS), pieces)
+  pieces = [resident_values._Piece(None, None, 4), resident_values._Piece(None, None, 3)]  # pylint: disable=protected-access
+  value = resident_values.ResidentValue(tff.FederatedType(np.float32, tff.CLIENTS), pieces)
   assert value.cardinality == {tff.CLIENTS: 7}
   assert value[0:4] is pieces[0] and value[4:7] is pieces[1]
   with pytest.raises(ValueError, match='not one worker'):

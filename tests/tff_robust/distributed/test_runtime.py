@@ -56,8 +56,9 @@ def test_importing_the_modules_prints_nothing_at_exit():
   # `subprocess` is None: "Exception ignored ... 'NoneType' object has no attribute
   # 'Popen'" at exit. One process imports each module that loads TFF (one TensorFlow
   # import, not one a module).
-  modules = ('tff_robust.distributed.execution', 'tff_robust.learning.processes',
-             'tff_robust.aggregators.geometric_median', 'tasks.builders.task')
+  modules = ('tff_robust.distributed.distributed_context',
+             'tff_robust.learning.processes', 'tff_robust.aggregators.geometric_median',
+             'tasks.builders.task')
   result = _python('\n'.join(f'import {module}' for module in modules), check=True,
                    cwd=processes.REPOSITORY)
   assert 'Exception ignored' not in result.stderr, result.stderr
@@ -85,7 +86,7 @@ def test_lazily_loaded_modules_are_package_attributes():
   result = _python('import tff_robust\n'
                    'print(tff_robust.distributed.LocalWorkers.__module__,\n'
                    '      tff_robust.passwise.PasswiseFactory.__module__)', check=True)
-  assert result.stdout.split()[-2:] == ['tff_robust.distributed.execution',
+  assert result.stdout.split()[-2:] == ['tff_robust.distributed.local_workers',
                                         'tff_robust.distributed.passwise']
   listed = _python('import tff_robust; print(set(dir(tff_robust)) >= '
                    '{"distributed", "passwise", "GeometricMedianFactory"})', check=True)

@@ -1,4 +1,4 @@
-"""tasks.simulation.distributed: one round with the clients split over two local
+"""tasks.simulation.on_workers: one round with the clients split over two local
 workers (127.0.0.1) equals the single-process round, mergeable and pass by pass."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 
 from tasks import builders
 from tasks import registry
-from tasks.simulation import distributed as distributed_simulation
 from tasks.simulation import loop
+from tasks.simulation import on_workers
 from tests.helpers import processes
 from tff_robust import distributed
 
@@ -57,7 +57,7 @@ def test_a_round_on_two_workers_equals_the_single_process_round(name, task, cont
   kwargs = dict(attack='omniscient', rho=0.2, clients_per_round=6, seed=3)
   factory = registry.aggregator_from_name(name, **AGGREGATORS[name])
   expected_state, expected = _round(loop.Simulation(task, factory, **kwargs))
-  simulation = distributed_simulation.DistributedSimulation(
+  simulation = on_workers.DistributedSimulation(
       task, factory, context=context, **kwargs)
   state, metrics = _round(simulation)
 
@@ -73,11 +73,11 @@ def test_round_failure_names_the_worker_and_the_round(task):
   with distributed.LocalWorkers(2) as workers:
     with distributed.distributed_execution(workers.addresses,
                                            unavailable_timeout=2.0) as context:
-      simulation = distributed_simulation.DistributedSimulation(
+      simulation = on_workers.DistributedSimulation(
           task, factory, context=context, clients_per_round=4)
       state, _ = simulation.run_round(simulation.initial_state(), 0)
       workers.kill(0)
-      with pytest.raises(distributed_simulation.WorkerRoundError,
+      with pytest.raises(on_workers.WorkerRoundError,
                          match=rf'Round 1 failed: TFF worker {workers.addresses[0]}'):
         simulation.run_round(state, 1)
     pids = workers.pids
@@ -86,7 +86,7 @@ def test_round_failure_names_the_worker_and_the_round(task):
 
 def test_the_context_must_be_distributed(task):
   with pytest.raises(TypeError, match='DistributedContext'):
-    distributed_simulation.DistributedSimulation(
+    on_workers.DistributedSimulation(
         task, registry.aggregator_from_name('mean'), context=object())
 
 
@@ -101,7 +101,7 @@ def test_workers_reading_clients_by_id_train_on_the_drivers_batches(data_on_work
   simulation = loop.Simulation(task, factory, **kwargs)
   expected_state, expected = simulation.run_round(simulation.initial_state(), 2)
   assert expected['num_corrupted_clients'] > 0
-  simulation = distributed_simulation.DistributedSimulation(
+  simulation = on_workers.DistributedSimulation(
       task, factory, context=context, data_on_workers=data_on_workers, **kwargs)
   state, metrics = simulation.run_round(simulation.initial_state(), 2)
 

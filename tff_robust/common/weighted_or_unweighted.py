@@ -1,4 +1,4 @@
-"""Unweighted aggregation with the weighted robust aggregators: every client weight 1.
+"""Factories both weighted and unweighted: unweighted is weighted with every weight 1.
 
 TFF keeps the two kinds apart: `build_weighted_fed_avg` takes a
 `tff.aggregators.WeightedAggregationFactory` (`create(value_type, weight_type)`),
