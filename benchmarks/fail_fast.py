@@ -10,8 +10,6 @@ instead: a worker that dies raises `tff_robust.distributed.WorkerError` after
 import contextlib
 
 import tensorflow_federated as tff
-from tff_robust.common.tff_private import native_compiler as compiler
-from tff_robust.common.tff_private import tensorflow_computation
 
 from tff_robust import distributed
 from tff_robust import runtime
@@ -45,11 +43,7 @@ def fail_fast_worker(worker_flags=()):
           workers.addresses[0], distributed.DEFAULT_MAX_MESSAGE_BYTES,
           distributed.DEFAULT_CONNECT_TIMEOUT_SECONDS,
           distributed.DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, None)
-      context = tff.framework.SyncExecutionContext(
-          executor_fn=worker.executor_factory,
-          compiler_fn=compiler.desugar_and_transform_to_native,
-          transform_args=tensorflow_computation.transform_args,
-          transform_result=tensorflow_computation.transform_result)
+      context = worker.sync_context()
       try:
         with tff.framework.get_context_stack().install(context):
           yield workers

@@ -24,10 +24,6 @@ from typing import Optional, Sequence
 
 import portpicker
 import tensorflow_federated as tff
-# The compiler and TF-frontend transforms TFF's own local C++ context is built with;
-# TFF 0.87 exports no public name for them.
-from tff_robust.common.tff_private import native_compiler
-from tff_robust.common.tff_private import tensorflow_computation
 
 from tff_robust.common import arguments
 from tff_robust.distributed import runtime
@@ -308,11 +304,7 @@ def private_local_execution(max_message_megabytes: int = 10_000,
     worker = worker_connection.WorkerContext(
         f'unix:{path}', worker_addresses.DEFAULT_MAX_MESSAGE_BYTES, startup_timeout,
         worker_addresses.DEFAULT_UNAVAILABLE_TIMEOUT_SECONDS, None)
-    context = tff.framework.SyncExecutionContext(
-        executor_fn=worker.executor_factory,
-        compiler_fn=native_compiler.desugar_and_transform_to_native,
-        transform_args=tensorflow_computation.transform_args,
-        transform_result=tensorflow_computation.transform_result)
+    context = worker.sync_context()
     with tff.framework.get_context_stack().install(context):
       # An executor factory of its own: the merges run in another event loop.
       yield DriverExecution(context, worker.new_async_context())

@@ -395,6 +395,16 @@ def _grpc_details(error) -> str:
   return str(error) or type(error).__name__
 
 
+def _native_context(context_class, executor_factory):
+  """A TFF execution context of `context_class` over `executor_factory`, with TFF's
+  native compiler and TensorFlow's argument and result transforms."""
+  return context_class(
+      executor_fn=executor_factory,
+      compiler_fn=native_compiler.desugar_and_transform_to_native,
+      transform_args=tensorflow_computation.transform_args,
+      transform_result=tensorflow_computation.transform_result)
+
+
 class WorkerContext:
   """One worker's channel, executor factory and async context."""
 
@@ -427,21 +437,18 @@ class WorkerContext:
     self._executor_fn = executor_fn
     self.executor_factory = tff.framework.ResourceManagingExecutorFactory(executor_fn)
     self._factories = [self.executor_factory]
-    self.context = tff.framework.AsyncExecutionContext(
-        executor_fn=self.executor_factory,
-        compiler_fn=native_compiler.desugar_and_transform_to_native,
-        transform_args=tensorflow_computation.transform_args,
-        transform_result=tensorflow_computation.transform_result)
+    self.context = _native_context(tff.framework.AsyncExecutionContext,
+                                   self.executor_factory)
 
   def new_async_context(self) -> tff.framework.AsyncExecutionContext:
     """Another async context on this worker, with executors of its own."""
     factory = tff.framework.ResourceManagingExecutorFactory(self._executor_fn)
     self._factories.append(factory)
-    return tff.framework.AsyncExecutionContext(
-        executor_fn=factory,
-        compiler_fn=native_compiler.desugar_and_transform_to_native,
-        transform_args=tensorflow_computation.transform_args,
-        transform_result=tensorflow_computation.transform_result)
+    return _native_context(tff.framework.AsyncExecutionContext, factory)
+
+  def sync_context(self) -> tff.framework.SyncExecutionContext:
+    """A synchronous context running every call on this worker alone (no merging)."""
+    return _native_context(tff.framework.SyncExecutionContext, self.executor_factory)
 
   def close(self):
     # Frees this client's executors on the worker (a gone worker is skipped).
