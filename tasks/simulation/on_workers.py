@@ -34,10 +34,6 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-# TFF's own FedAvg client update (the function `build_model_delta_client_work`
-# maps over clients), so distributed training is numerically FedAvg's. TFF 0.87 has
-# no public name for it.
-from tff_robust.common.tff_private import model_delta_client_work
 
 from tasks import registry
 from tasks.builders import task as task_lib
@@ -46,6 +42,7 @@ from tasks.simulation import loop
 from tasks.simulation import worker_data
 from tff_robust import distributed
 from tff_robust.distributed import passwise
+from tff_robust.learning import client_update as client_update_lib
 
 
 class WorkerRoundError(RuntimeError):
@@ -93,22 +90,19 @@ class MergeableFedAvgClientWork:
     weights_type = reference.next.type_signature.parameter[1].member
     data_type = reference.next.type_signature.parameter[2].member
 
-    @tff.tensorflow.computation(hparams_type, weights_type, data_type)
-    def client_update(hparams, initial_weights, dataset):
-      update = model_delta_client_work.build_model_delta_update_with_tff_optimizer(
-          model_fn=task.model_fn, weighting=weighting,
-          loop_implementation=loop_implementation)
-      return update(optimizer, initial_weights, dataset, hparams)
+    # TFF's own FedAvg client update: distributed training is numerically FedAvg's.
+    client_update = client_update_lib.fedavg_client_update(
+        task.model_fn, optimizer, weighting, loop_implementation, hparams_type,
+        weights_type, data_type)
 
     @tff.federated_computation(tff.FederatedType(hparams_type, tff.SERVER),
                                tff.FederatedType(weights_type, tff.SERVER),
-                               tff.FederatedType(data_type, tff.CLIENTS),
-                               tff.FederatedType(np.int32, tff.CLIENTS))
-    def client_step(hparams, server_weights, client_data, position):
+                               tff.FederatedType(data_type, tff.CLIENTS))
+    def client_step(hparams, server_weights, client_data):
       result, unfinalized = tff.federated_map(
           client_update, (tff.federated_broadcast(hparams),
                           tff.federated_broadcast(server_weights), client_data))
-      return result.update, result.update_weight, unfinalized, position
+      return result.update, result.update_weight, unfinalized
 
     unfinalized_type = client_update.type_signature.result[1]
 
@@ -140,15 +134,9 @@ class MergeableFedAvgClientWork:
       datasets = self._dataset_keys(client_ids, datasets)
     with (tff.framework.get_context_stack().install(self._context)
           if self._context is not None else contextlib.nullcontext()):
-      updates, weights, unfinalized, positions = self._client_step(
-          hparams, model_weights, datasets, list(range(len(datasets))))
-    # TFF 0.87's mergeable context concatenates the workers' CLIENTS-placed results
-    # in the order the workers *finish*, not in client order: restore the order (the
-    # attacks and the metrics refer to clients by position).
-    order = np.argsort(np.asarray(positions))
-    updates = [updates[i] for i in order]
-    weights = [weights[i] for i in order]
-    unfinalized = [unfinalized[i] for i in order]
+      # In client order (`DistributedContext` returns the workers' shards in it).
+      updates, weights, unfinalized = self._client_step(hparams, model_weights,
+                                                        datasets)
     metrics = self._finalize(unfinalized)
     return client_work_lib.ClientOutputs(
         updates=list(updates), weights=np.asarray(weights, np.float32),

@@ -26,15 +26,13 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-# TFF's FedAvg client update, the function `build_model_delta_client_work` runs per
-# client; TFF 0.87 exports no public name for it.
-from tff_robust.common.tff_private import model_delta_client_work
 
 from tff_robust.aggregators import geometric_median
 from tff_robust.aggregators import nonfinite
 from tff_robust.aggregators import trust_region
 from tff_robust.aggregators import weight_cap
 from tff_robust.distributed import passwise
+from tff_robust.learning import client_update as client_update_lib
 
 _DEFAULT_CLIENT_WEIGHTING = tff.learning.ClientWeighting.NUM_EXAMPLES
 _DEFAULT_LOOP = tff.learning.LoopImplementation.DATASET_REDUCE
@@ -292,12 +290,9 @@ class PasswiseLearningNext:
     finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
         server_optimizer_fn, weights_type)
 
-    @tff.tensorflow.computation(state_type.client_work, weights_type, data_type.member)
-    def client_update(hparams, initial_weights, dataset):
-      update = model_delta_client_work.build_model_delta_update_with_tff_optimizer(
-          model_fn=model_fn, weighting=client_weighting,
-          loop_implementation=loop_implementation)
-      return update(client_optimizer_fn, initial_weights, dataset, hparams)
+    client_update = client_update_lib.fedavg_client_update(
+        model_fn, client_optimizer_fn, client_weighting, loop_implementation,
+        state_type.client_work, weights_type, data_type.member)
 
     @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER), data_type)
     def train(state, client_data):
