@@ -3,6 +3,7 @@ matrices (random and adversarial), and a cache of created processes (tracing a T
 computation costs ~0.5 s, so every process is built once per test session)."""
 
 import collections
+import contextlib
 
 import numpy as np
 import tensorflow_federated as tff
@@ -115,20 +116,34 @@ def input_cases(inputs=tuple(INPUTS), weights=tuple(WEIGHTS)):
           for i in inputs for w in weights]
 
 
+_TEST_CONTEXT = []
+
+
+@contextlib.contextmanager
+def secure_sum_context():
+  """Within the block, TFF's test context is the default one, where secure-sum
+  intrinsics run (as plain sums); the default context cannot embed them. One test
+  context serves the whole test process, and the default context before the block
+  comes back after it: a context compiles each computation once (TFF's compiler
+  pipeline caches by computation), a new one would compile all of them again."""
+  if not _TEST_CONTEXT:
+    _TEST_CONTEXT.append(tff.backends.test.create_sync_test_cpp_execution_context())
+  stack = tff.framework.get_context_stack()
+  before = stack.current
+  tff.framework.set_default_context(_TEST_CONTEXT[0])
+  try:
+    yield
+  finally:
+    tff.framework.set_default_context(before)
+
+
 class SecureSumContextMixin:
-  """Runs a test case's tests in TFF's test context, where secure-sum intrinsics run
-  (as plain sums); the default context cannot embed them. Set once per class: each
-  new context starts its own executor and compiles every computation it runs again."""
+  """Runs a test case's tests in `secure_sum_context()`."""
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    tff.backends.test.set_sync_test_cpp_execution_context()
-
-  @classmethod
-  def tearDownClass(cls):
-    tff.backends.native.set_sync_local_cpp_execution_context()
-    super().tearDownClass()
+    cls.enterClassContext(secure_sum_context())
 
 
 def simulation_round(kind: str, seed: int, num_clients: int = 9):

@@ -98,7 +98,7 @@ def run_owner(directory: str, cwd: str):
 # importing TensorFlow and, however it ends, `IMPORTED` and the heavy packages it
 # imported, as its last stderr line.
 _WATCHING_IMPORTS = """
-import runpy, sys
+import atexit, runpy, sys
 
 class Announce:
   def find_spec(self, name, path=None, target=None):
@@ -108,11 +108,11 @@ class Announce:
 
 sys.meta_path.insert(0, Announce())
 sys.argv = sys.argv[1:]
-try:
-  runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
-finally:
-  print('IMPORTED', *sorted(m for m in ('tensorflow', 'tensorflow_federated', 'jax')
-                            if m in sys.modules), file=sys.stderr)
+# An exit hook: a binary run as the program ends without unwinding (exit_status).
+atexit.register(lambda: print(
+    'IMPORTED', *sorted(m for m in ('tensorflow', 'tensorflow_federated', 'jax')
+                        if m in sys.modules), file=sys.stderr, flush=True))
+runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
 """
 
 

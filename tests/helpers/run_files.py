@@ -1,10 +1,25 @@
 """Damage done to a run's files, as a disk, a kill or a user might: the cases of the
-experiment runner's and the binaries' tests. Each function returns the damaged path."""
+experiment runner's and the binaries' tests. Each function returns the damaged path;
+`tensorboard_steps` reads what a run wrote."""
 
+import collections
 import os
 import shutil
 
+import tensorflow as tf
+
 from tasks.simulation import experiment
+
+
+def tensorboard_steps(directory):
+  """tag → the steps of its values in the run's event files, in file order."""
+  steps = collections.defaultdict(list)
+  tensorboard = os.path.join(directory, experiment.TENSORBOARD_DIR)
+  for name in sorted(os.listdir(tensorboard)):
+    for event in tf.compat.v1.train.summary_iterator(os.path.join(tensorboard, name)):
+      for value in event.summary.value:
+        steps[value.tag].append(event.step)
+  return steps
 
 
 def checkpoint(directory, version):

@@ -22,6 +22,7 @@ from tasks.binaries import train
 from tasks.simulation import experiment
 from tests.helpers import command_lines
 from tests.helpers import processes
+from tests.helpers import run_files
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
 # `pytest -m "not slow"` tier.
@@ -266,6 +267,9 @@ def test_a_short_run_prints_its_progress_and_few_lines_of_its_own(tmp_path):
   # clients-per-round note, the progress bar, where the metrics are.
   assert len(own) <= 5, own
   assert any('2/2' in l for l in own), own
+  # It ends without the interpreter's teardown (exit_status): every file is whole.
+  assert [r['round'] for r in _rows(tmp_path)] == ['0', '1']
+  assert run_files.tensorboard_steps(tmp_path / 'run')['train_loss'] == [0, 1]
 
 
 def test_help_prints_no_tensorflow_lines():

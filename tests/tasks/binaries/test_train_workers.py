@@ -32,14 +32,10 @@ _RUN = ['--task=emnist', '--model=linear', '--data_source=synthetic',
 # here), so it gets 1e-4.
 RELATIVE_TOLERANCE = 1e-6
 CANCELLING_COLUMNS = {'aggregator/relative_gradient': 1e-4}
-# A killed worker: --worker_unavailable_timeout. Measured on 2 cores at load 17-18:
-# the error line 10.2-10.4 s after the kill, the exit 20.9-22.0 s after it, 7.5-8.4 s
-# of that the interpreter's own teardown (as long at the end of a run that succeeds).
-# Before issue 39 every pending call and cached executor of the dead worker waited the
-# timeout again: the error line came 50 s and the exit 77 s after the kill (load 12).
-# The exit is held to one timeout plus the rerun's whole time (start, tracing, the
-# rounds left, teardown), measured in the same test under the same load: a bound that
-# grows with a busy machine, as the exit does, where a fixed margin failed there.
+# A killed worker: --worker_unavailable_timeout. The exit is held to one timeout plus
+# the rerun's whole time (start, tracing, the rounds left), measured in the same test
+# under the same load: a bound that grows with a busy machine, as the exit does, where
+# a fixed margin failed there.
 UNAVAILABLE_TIMEOUT_SECONDS = 10
 
 

@@ -2,7 +2,6 @@
 checkpoint, repair of a cut-off metrics row, and a RunFileError (leaving every file as
 found) for what cannot be resumed around."""
 
-import collections
 import csv
 import errno
 import json
@@ -51,17 +50,6 @@ def _run(simulation, directory, rounds, log=None, checkpoint_period=1,
 def _rows(directory):
   with open(os.path.join(directory, experiment.METRICS_FILE), newline='') as f:
     return list(csv.DictReader(f))
-
-
-def _tensorboard_steps(directory):
-  """tag → the steps of its values in the run's event files, in file order."""
-  steps = collections.defaultdict(list)
-  tensorboard = os.path.join(directory, experiment.TENSORBOARD_DIR)
-  for name in sorted(os.listdir(tensorboard)):
-    for event in tf.compat.v1.train.summary_iterator(os.path.join(tensorboard, name)):
-      for value in event.summary.value:
-        steps[value.tag].append(event.step)
-  return steps
 
 
 def _config(directory):
@@ -268,10 +256,10 @@ class ExperimentFilesTest(parameterized.TestCase):
 
   def test_tensorboard_holds_one_value_per_step_after_a_resume(self):
     directory = self._copy_of_finished_run()
-    self.assertEqual(_tensorboard_steps(directory)['train_loss'], [0, 1, 2])
+    self.assertEqual(run_files.tensorboard_steps(directory)['train_loss'], [0, 1, 2])
     run_files.garble_variables(run_files.checkpoint(directory, 3))  # Reruns round 2.
     _run(self.simulation, directory, _ROUNDS)
-    steps = _tensorboard_steps(directory)
+    steps = run_files.tensorboard_steps(directory)
     self.assertEqual(steps['train_loss'], [0, 1, 2, 3])
     self.assertEqual(steps['test_accuracy'], [0, 1, 2, 3])
 

@@ -18,6 +18,7 @@ runs the registry's configurations against the committed file with a tolerance.
 """
 
 import collections
+import contextlib
 import pathlib
 import signal
 import sys
@@ -26,6 +27,7 @@ import numpy as np
 import tensorflow_federated as tff
 
 from tasks import registry
+from tests.helpers import aggregator_cases
 import tff_robust
 from tff_robust.aggregators import nonfinite
 from tff_robust.distributed import passwise
@@ -176,9 +178,8 @@ def run_config(name, drivers=('fused', 'passwise', 'unweighted'), dtypes=tuple(D
   """{key: array} of every input, and of `drivers` and `dtypes`, of configuration
   `name`; keys are 'name|dtype|driver|input|call/path'."""
   secure = name in SECURE
-  if secure:
-    tff.backends.test.set_sync_test_cpp_execution_context()
-  try:
+  context = aggregator_cases.secure_sum_context() if secure else contextlib.nullcontext()
+  with context:
     out = {}
     for dtype_name in dtypes:
       if secure and dtype_name == 'mixed':
@@ -205,9 +206,6 @@ def run_config(name, drivers=('fused', 'passwise', 'unweighted'), dtypes=tuple(D
             out.update(flatten(output, f'{name}|{dtype_name}|{driver}|{kind}|{call}'))
             state = output.state
     return out
-  finally:
-    if secure:
-      tff.backends.native.set_sync_local_cpp_execution_context()
 
 
 def differences(expected, actual, exact=True, rtol=1e-6):
