@@ -231,16 +231,18 @@ def run(main: Callable[..., None],
       with errors_as_one_line():
         main(argv, *made)
 
+  code = None
   try:
     with _interruptions_end_the_binary():
       app.run(guarded_main, flags_parser=parse_flags)
   except SystemExit as end:
-    runtime.stop_worker_binaries()
-    if _is_the_program(main):
-      _exit_at_once(end.code)
-    raise
+    if not _is_the_program(main):
+      raise
+    code = end.code
   finally:
     runtime.stop_worker_binaries()
+  if _is_the_program(main):
+    _exit_at_once(code)
 
 
 def _is_the_program(main: Callable[..., None]) -> bool:
@@ -250,13 +252,11 @@ def _is_the_program(main: Callable[..., None]) -> bool:
 
 
 def _exit_at_once(code) -> None:
-  """Ends the program as `sys.exit(code)` does, without the interpreter's teardown:
-  TensorFlow's and gRPC's native finalizers take 2-3 s on an idle machine and 8 s on
-  a busy one, and write nothing a run needs. Its files are complete by then (each is
-  written and closed, or flushed, as the round ends: a kill at any moment loses no
-  finished round), the worker_binaries are stopped; the exit hooks (`atexit`, the
-  program's and a task module's own) still run, and the standard streams and logs
-  are flushed."""
+  """Ends the program as `sys.exit(code)` does, without the interpreter's teardown,
+  whose native finalizers (TensorFlow's, gRPC's) take seconds and write nothing a run
+  needs (docs/decisions.md). The caller has stopped the worker_binaries; the exit
+  hooks (`atexit`: the program's and a task module's own) still run, and the
+  standard streams and logs are flushed."""
   if code is None:
     status = 0
   elif isinstance(code, int):

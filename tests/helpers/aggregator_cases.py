@@ -4,6 +4,7 @@ computation costs ~0.5 s, so every process is built once per test session)."""
 
 import collections
 import contextlib
+import functools
 
 import numpy as np
 import tensorflow_federated as tff
@@ -116,7 +117,9 @@ def input_cases(inputs=tuple(INPUTS), weights=tuple(WEIGHTS)):
           for i in inputs for w in weights]
 
 
-_TEST_CONTEXT = []
+@functools.cache
+def _test_context():
+  return tff.backends.test.create_sync_test_cpp_execution_context()
 
 
 @contextlib.contextmanager
@@ -126,11 +129,8 @@ def secure_sum_context():
   context serves the whole test process, and the default context before the block
   comes back after it: a context compiles each computation once (TFF's compiler
   pipeline caches by computation), a new one would compile all of them again."""
-  if not _TEST_CONTEXT:
-    _TEST_CONTEXT.append(tff.backends.test.create_sync_test_cpp_execution_context())
-  stack = tff.framework.get_context_stack()
-  before = stack.current
-  tff.framework.set_default_context(_TEST_CONTEXT[0])
+  before = tff.framework.get_context_stack().current
+  tff.framework.set_default_context(_test_context())
   try:
     yield
   finally:
