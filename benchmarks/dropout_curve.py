@@ -46,6 +46,7 @@ def _run(task, aggregator, attack, rate):
   # pylint: disable=g-import-not-at-top
   from tasks.simulation import dropout
   from tasks.simulation import experiment
+  from tasks.simulation import metrics_file
   from tasks.simulation import loop
   name = f'{aggregator}_{attack}_rate{rate}'
   factory = dropout.dropout_factory(registry.aggregator_from_name(aggregator),
@@ -57,7 +58,7 @@ def _run(task, aggregator, attack, rate):
   experiment.run_experiment(simulation, directory, FLAGS.rounds, FLAGS.rounds,
                             progress=False, tensorboard=False, description=name,
                             checkpoint_period=FLAGS.rounds)
-  with open(os.path.join(directory, experiment.METRICS_FILE)) as f:
+  with open(os.path.join(directory, metrics_file.METRICS_FILE)) as f:
     rows = list(csv.DictReader(f))
   present = [FLAGS.clients_per_round - float(r.get('aggregator/dropped_clients') or 0)
              for r in rows]

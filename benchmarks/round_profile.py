@@ -104,6 +104,7 @@ class _TimedProcess:
 def install(timer: PhaseTimer) -> None:
   """Wraps the phases of the simulation harness with `timer`."""
   # pylint: disable=g-import-not-at-top,protected-access
+  from tasks.simulation import checkpoints
   from tasks.simulation import client_work as client_work_lib
   from tasks.simulation import experiment
   from tasks.simulation import loop
@@ -112,8 +113,7 @@ def install(timer: PhaseTimer) -> None:
   sweep._train_run = timer.timed('setup', sweep._train_run)
   experiment._train = timer.timed('other', experiment._train)
   experiment._run = timer.timed('metrics + checkpoints', experiment._run)
-  experiment._write_identity_beside = timer.timed(
-      'metrics + checkpoints', experiment._write_identity_beside)
+  checkpoints.save = timer.timed('metrics + checkpoints', checkpoints.save)
   loop.Simulation.evaluate = timer.timed('evaluation', loop.Simulation.evaluate)
 
   original_round = loop.Simulation.run_round

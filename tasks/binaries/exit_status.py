@@ -4,7 +4,7 @@
   1    bad flags (absl), or an output directory holding a run of other flags (or of
        more finished rounds than --rounds), or a task of your own (--task=module:function) that does not follow the `Task`
        protocol (`tasks.builders.TaskError`, naming the problem and the fix)
-  2    a file the run reads is unreadable or inconsistent (`experiment.RunFileError`:
+  2    a file the run reads is unreadable or inconsistent (`run_errors.RunFileError`:
        checkpoint, config.json, metrics.csv, TensorBoard directory; a run
        directory that is a file, `run_lock.RunDirectoryError`; a missing or
        malformed data file, a damaged leaderboard ledger), or a round left a
@@ -49,14 +49,14 @@ WORKER_FAILED = 3
 # up in the modules imported when one is raised (a module not imported yet raised
 # none), so that a binary checks its flags before importing TensorFlow.
 ONE_LINE_ERRORS = (
-    ((('tasks.simulation.experiment', 'RunFileError'),
+    ((('tasks.simulation.run_errors', 'RunFileError'),
       ('tasks.builders.data_utils', 'MissingDataError'),
       ('tasks.builders.data_utils', 'MalformedDataError'),
       ('tasks.simulation.ledger', 'LedgerError')), BAD_FILE),
     ((('tasks.simulation.run_lock', 'RunLockedError'),), RUN_OWNED),
     ((('tasks.simulation.run_lock', 'RunDirectoryError'),), BAD_FILE),
     ((('tasks.binaries.flag_groups', 'UnworkableSettingsError'),), UNWORKABLE_SETTINGS),
-    ((('tasks.simulation.experiment', 'ConfigMismatchError'),
+    ((('tasks.simulation.run_errors', 'ConfigMismatchError'),
       ('tasks.catalog', 'TaskError')), FLAGS_OR_OTHER_RUN),
 )
 

@@ -41,6 +41,7 @@ from tasks import catalog
 from tasks import registry
 from tasks.builders import user_tasks
 from tasks.simulation import attacks
+from tasks.simulation import run_config
 
 if TYPE_CHECKING:
   from tasks.simulation import sweep
@@ -106,7 +107,7 @@ class RunSettings:
     return task_from_flags(self['seed'])
 
   def config(self) -> dict[str, Any]:
-    """What a resumed run must match (`experiment.check_config`): the run flags'
+    """What a resumed run must match (`run_config.check_config`): the run flags'
     values and, with --aggregator, its factories' `registry.results_revisions`."""
     config = dict(self.flags)
     return (registry.with_results_revisions(config, self.factory())

@@ -222,11 +222,14 @@ def main(argv, settings=None):
   output_dir, config = _output_dir(settings), settings.config()
   # pylint: disable=g-import-not-at-top
   from tasks.simulation import experiment
+  from tasks.simulation import metrics_file
   from tasks.simulation import on_workers
+  from tasks.simulation import run_config
+  from tasks.simulation import run_errors
   with contextlib.ExitStack() as stack:
     # One process per run directory, from before its config.json is checked.
     stack.enter_context(run_lock.owned(output_dir))
-    experiment.check_config(output_dir, config, ignore=flag_groups.RESUMABLE_CHANGES)
+    run_config.check_config(output_dir, config, ignore=flag_groups.RESUMABLE_CHANGES)
     if FLAGS.workers:
       # The driver's own computations (the server's): on a worker nothing else can
       # reach, not TFF's local worker_binary on every interface.
@@ -266,12 +269,12 @@ def main(argv, settings=None):
                                 description=settings.name,
                                 checkpoint_period=FLAGS.checkpoint_period,
                                 on_checkpoint=exit_status.rounds_checkpointed)
-    except experiment.NonFiniteStateError as e:
+    except run_errors.NonFiniteStateError as e:
       exit_status.exit_with(e, exit_status.NON_FINITE)
     except on_workers.WorkerRoundError as e:
       exit_status.exit_with(e, exit_status.WORKER_FAILED)
   print(f'Finished {settings["rounds"]} rounds; metrics in '
-        f'{os.path.join(output_dir, experiment.METRICS_FILE)}', file=sys.stderr)
+        f'{os.path.join(output_dir, metrics_file.METRICS_FILE)}', file=sys.stderr)
 
 
 def run():

@@ -54,10 +54,14 @@ import numpy as np
 
 from tasks import registry
 from tasks.simulation import attacks
+from tasks.simulation import checkpoints
 from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import experiment
 from tasks.simulation import ledger
 from tasks.simulation import loop
+from tasks.simulation import metrics_file
+from tasks.simulation import run_config as run_config_lib
+from tasks.simulation import run_errors
 from tasks.simulation import run_lock
 
 DIVERGED_MARKER = 'DIVERGED'
@@ -285,9 +289,9 @@ def _run_cell(task, spec: SweepSpec, run: Run, directory: str, label: str,
     f.write(fingerprint + '\n')
   if ledger_path:
     ledger.merge(ledger_path, {(run.name, fingerprint): _entry(directory)})
-  checkpoints = os.path.join(directory, experiment.CHECKPOINTS_DIR)
-  if not keep_checkpoints and os.path.isdir(checkpoints):
-    shutil.rmtree(checkpoints)
+  checkpoints_dir = os.path.join(directory, checkpoints.CHECKPOINTS_DIR)
+  if not keep_checkpoints and os.path.isdir(checkpoints_dir):
+    shutil.rmtree(checkpoints_dir)
 
 
 def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,
@@ -317,13 +321,13 @@ def _train_run(task, spec: SweepSpec, run: Run, directory: str, label: str, *,
   try:
     try:
       train()
-    except experiment.ConfigMismatchError as e:
+    except run_errors.ConfigMismatchError as e:
       # Not this cell's run (other settings, or more rounds than the sweep's): kept
       # beside it, and the cell trained from round 0.
       stale = _set_aside(directory, f'other-{_fingerprint_of_files(directory)}')
       log(f'{label}: {e.problem}. Moved it to {stale}; training this cell afresh.')
       train()
-  except experiment.NonFiniteStateError as e:
+  except run_errors.NonFiniteStateError as e:
     log(f'{label}: {e}')
     with open(os.path.join(directory, DIVERGED_MARKER), 'w') as f:
       f.write(str(e) + '\n')
@@ -463,7 +467,7 @@ def _fingerprint_of_files(directory: str) -> str:
   """A short digest of a run directory's config.json (or 'unknown'), naming where
   a run of another configuration is set aside."""
   try:
-    with open(os.path.join(directory, experiment.CONFIG_FILE), 'rb') as f:
+    with open(os.path.join(directory, run_config_lib.CONFIG_FILE), 'rb') as f:
       return hashlib.sha256(f.read()).hexdigest()[:12]
   except OSError:
     return 'unknown'
@@ -507,7 +511,7 @@ def _client_work_config(spec: SweepSpec) -> dict[str, Any]:
 
 def read_metrics(directory: str) -> list[dict[str, float]]:
   """The rows of a run's metrics.csv as floats (NaN for empty cells)."""
-  path = os.path.join(directory, experiment.METRICS_FILE)
+  path = os.path.join(directory, metrics_file.METRICS_FILE)
   if not os.path.exists(path):
     return []
   with open(path) as f:

@@ -8,13 +8,16 @@ import shutil
 
 import tensorflow as tf
 
-from tasks.simulation import experiment
+from tasks.simulation import checkpoints
+from tasks.simulation import metrics_file
+from tasks.simulation import run_config
+from tasks.simulation import tensorboard_files
 
 
 def tensorboard_steps(directory):
   """tag → the steps of its values in the run's event files, in file order."""
   steps = collections.defaultdict(list)
-  tensorboard = os.path.join(directory, experiment.TENSORBOARD_DIR)
+  tensorboard = os.path.join(directory, tensorboard_files.TENSORBOARD_DIR)
   for name in sorted(os.listdir(tensorboard)):
     for event in tf.compat.v1.train.summary_iterator(os.path.join(tensorboard, name)):
       for value in event.summary.value:
@@ -23,7 +26,7 @@ def tensorboard_steps(directory):
 
 
 def checkpoint(directory, version):
-  return os.path.join(directory, experiment.CHECKPOINTS_DIR, f'round_{version}')
+  return os.path.join(directory, checkpoints.CHECKPOINTS_DIR, f'round_{version}')
 
 
 def garble_variables(checkpoint):
@@ -59,7 +62,7 @@ def replace_line(path, number, text):
 
 
 def truncate_row_of_round_1(directory):
-  path = os.path.join(directory, experiment.METRICS_FILE)
+  path = os.path.join(directory, metrics_file.METRICS_FILE)
   with open(path, newline='') as f:
     line = f.read().splitlines(keepends=True)[2]
   replace_line(path, 3, line[:len(line) // 2] + '\r\n')
@@ -67,7 +70,7 @@ def truncate_row_of_round_1(directory):
 
 
 def drop_row_of_round_1(directory):
-  path = os.path.join(directory, experiment.METRICS_FILE)
+  path = os.path.join(directory, metrics_file.METRICS_FILE)
   replace_line(path, 3, '')
   return path
 
@@ -75,7 +78,7 @@ def drop_row_of_round_1(directory):
 def repeat_row_of_round_0(directory, changed=False):
   """Inserts a second row of round 0 after the first (two processes wrote the run),
   with another train loss if `changed`."""
-  path = os.path.join(directory, experiment.METRICS_FILE)
+  path = os.path.join(directory, metrics_file.METRICS_FILE)
   with open(path, newline='') as f:
     lines = f.read().splitlines(keepends=True)
   line = lines[1].replace(',', ',9', 1) if changed else lines[1]
@@ -86,7 +89,7 @@ def repeat_row_of_round_0(directory, changed=False):
 def cut_off_last_row(directory, line_end=''):
   """Cuts the last row of metrics.csv in half (a kill mid-write, by older versions),
   ending it with `line_end`."""
-  path = os.path.join(directory, experiment.METRICS_FILE)
+  path = os.path.join(directory, metrics_file.METRICS_FILE)
   with open(path, newline='') as f:
     lines = f.read().splitlines(keepends=True)
   replace_line(path, len(lines), lines[-1][:len(lines[-1]) // 2] + line_end)
@@ -94,20 +97,20 @@ def cut_off_last_row(directory, line_end=''):
 
 
 def garble_header(directory):
-  path = os.path.join(directory, experiment.METRICS_FILE)
+  path = os.path.join(directory, metrics_file.METRICS_FILE)
   replace_line(path, 1, 'x\x00y,z\r\n')
   return path
 
 
 def junk_config(directory):
-  path = os.path.join(directory, experiment.CONFIG_FILE)
+  path = os.path.join(directory, run_config.CONFIG_FILE)
   with open(path, 'w') as f:
     f.write('{"run": "te')
   return path
 
 
 def tensorboard_file(directory):
-  path = os.path.join(directory, experiment.TENSORBOARD_DIR)
+  path = os.path.join(directory, tensorboard_files.TENSORBOARD_DIR)
   shutil.rmtree(path, ignore_errors=True)
   open(path, 'w').close()
   return path
@@ -116,7 +119,7 @@ def tensorboard_file(directory):
 def every_checkpoint_garbled(directory):
   for version in (1, 2, 3):
     garble_variables(checkpoint(directory, version))
-  return os.path.join(directory, experiment.CHECKPOINTS_DIR)
+  return os.path.join(directory, checkpoints.CHECKPOINTS_DIR)
 
 
 BAD_FILES = (

@@ -127,6 +127,7 @@ from absl import flags
 from tasks.binaries import sweep as binary
 from tasks.binaries import flag_groups
 from tasks.simulation import experiment, sweep
+from tasks.simulation import run_config
 FLAGS = flags.FLAGS
 cases = json.loads(sys.argv[1])
 base = ['--data_source=synthetic', '--aggregators=gm', '--attacks=alie', '--rhos=0.25',
@@ -137,7 +138,7 @@ def identity(extra):
   FLAGS(['sweep'] + base + extra)
   spec = flag_groups.sweep_spec_from_flags()
   task = flag_groups.task_from_flags(FLAGS.data_seed)
-  return experiment.run_identity(sweep.run_config(task, spec, spec.runs()[0]))
+  return run_config.run_identity(sweep.run_config(task, spec, spec.runs()[0]))
 
 print(json.dumps(dict(
     run_flags=flag_groups._RUN_FLAGS,

@@ -19,7 +19,8 @@ import tensorflow_federated as tff
 
 from tasks.binaries import flag_groups
 from tasks.binaries import train
-from tasks.simulation import experiment
+from tasks.simulation import checkpoints
+from tasks.simulation import metrics_file
 from tests.helpers import command_lines
 from tests.helpers import processes
 from tests.helpers import run_files
@@ -50,7 +51,7 @@ def _run_main(**flag_values):
 
 
 def _rows(output_dir):
-  with open(os.path.join(output_dir, 'run', experiment.METRICS_FILE)) as f:
+  with open(os.path.join(output_dir, 'run', metrics_file.METRICS_FILE)) as f:
     return list(csv.DictReader(f))
 
 
@@ -89,7 +90,7 @@ class TrainTest(parameterized.TestCase):
     _run_main(rounds=2, root_output_dir=root, **_SMALL_RUN)
     rows = _rows(root)
     self.assertEqual([r['round'] for r in rows], ['0', '1'])
-    for column in experiment.DOCUMENTED_COLUMNS + (
+    for column in metrics_file.DOCUMENTED_COLUMNS + (
         'aggregator/objective/0', 'aggregator/max_effective_weight',
         'num_corrupted_clients', 'client_learning_rate'):
       self.assertIn(column, rows[0])
@@ -110,7 +111,7 @@ class TrainTest(parameterized.TestCase):
       with self.assertRaises(KeyboardInterrupt):
         _run_main(rounds=4, root_output_dir=root, **_SMALL_RUN)
     self.assertEqual([r['round'] for r in _rows(root)], ['0', '1', '2'])
-    self.assertEqual(experiment.finished_rounds(os.path.join(root, 'run')), 2)
+    self.assertEqual(checkpoints.finished_rounds(os.path.join(root, 'run')), 2)
     _run_main(rounds=4, root_output_dir=root, **_SMALL_RUN)
     rows = _rows(root)
     self.assertEqual([r['round'] for r in rows], ['0', '1', '2', '3'])
@@ -288,7 +289,7 @@ def test_an_interrupted_run_ends_with_one_line_saying_where(tmp_path, sig, statu
        f'--root_output_dir={tmp_path}'] + _argv(**dict(_SMALL_RUN, aggregator='mean'))[1:],
       cwd=_REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
       env=processes.quiet_env())
-  metrics = tmp_path / 'run' / experiment.METRICS_FILE
+  metrics = tmp_path / 'run' / metrics_file.METRICS_FILE
   try:
     # Ready once round 1's row is written: not after a fixed time.
     while not (metrics.exists() and metrics.read_text().count('\n') >= 3):
@@ -305,7 +306,7 @@ def test_an_interrupted_run_ends_with_one_line_saying_where(tmp_path, sig, statu
                       stderr.splitlines()[-1])
   assert last, stderr[-2000:]
   # A checkpoint being written when the signal came may be finished after the line.
-  assert 0 <= int(last.group(1)) < experiment.finished_rounds(str(tmp_path / 'run'))
+  assert 0 <= int(last.group(1)) < checkpoints.finished_rounds(str(tmp_path / 'run'))
 
 
 def test_terminated_binary_leaves_no_worker_binary(tmp_path):
@@ -316,7 +317,7 @@ def test_terminated_binary_leaves_no_worker_binary(tmp_path):
        f'--root_output_dir={tmp_path}'] + _argv(**_SMALL_RUN)[1:],
       cwd=_REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
       env=processes.quiet_env())
-  metrics = tmp_path / 'run' / experiment.METRICS_FILE
+  metrics = tmp_path / 'run' / metrics_file.METRICS_FILE
   try:
     deadline = time.monotonic() + 300
     # Round 1's row: round 0 is checkpointed (SIGTERM exits at once, as SIGKILL would).
@@ -332,4 +333,4 @@ def test_terminated_binary_leaves_no_worker_binary(tmp_path):
     if child.poll() is None:
       child.kill()
   assert not processes.running(workers)
-  assert experiment.finished_rounds(str(tmp_path / 'run')) >= 1
+  assert checkpoints.finished_rounds(str(tmp_path / 'run')) >= 1

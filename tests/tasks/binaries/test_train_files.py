@@ -16,8 +16,9 @@ import pytest
 
 from tasks.binaries import exit_status
 from tasks.binaries import train
-from tasks.simulation import experiment
 from tasks.simulation import loop
+from tasks.simulation import metrics_file
+from tasks.simulation import run_config
 from tests.helpers import processes
 from tests.helpers import run_files
 
@@ -56,7 +57,7 @@ def _train_in_process(**flag_values):
 
 
 def _metrics_lines(run_dir):
-  with open(os.path.join(run_dir, experiment.METRICS_FILE), newline='') as f:
+  with open(os.path.join(run_dir, metrics_file.METRICS_FILE), newline='') as f:
     return f.read().splitlines(keepends=True)
 
 
@@ -99,7 +100,7 @@ class TrainFilesTest(parameterized.TestCase):
   def test_bad_run_file_exits_2_naming_it(self, damage, problem):
     root = self._copy_of_finished_run()
     path = damage(os.path.join(root, 'run'))
-    metrics = os.path.join(root, 'run', experiment.METRICS_FILE)
+    metrics = os.path.join(root, 'run', metrics_file.METRICS_FILE)
     with open(metrics, 'rb') as f:
       rows_before = f.read()
     status, stderr = _train_in_process(rounds=_FINISHED + 1, root_output_dir=root,
@@ -125,7 +126,7 @@ class TrainFilesTest(parameterized.TestCase):
   def test_without_config_json_other_flags_are_refused_by_the_checkpoints(self):
     root = self._copy_of_finished_run()
     run_dir = os.path.join(root, 'run')
-    os.remove(os.path.join(run_dir, experiment.CONFIG_FILE))
+    os.remove(os.path.join(run_dir, run_config.CONFIG_FILE))
     before = _metrics_lines(run_dir)
     status, stderr = _train_in_process(
         rounds=_FINISHED + 1, root_output_dir=root,
@@ -136,7 +137,7 @@ class TrainFilesTest(parameterized.TestCase):
                                        "→ 'median'")
     self.assertNotIn('delete', stderr.lower())
     self.assertEqual(_metrics_lines(run_dir), before)
-    self.assertFalse(os.path.exists(os.path.join(run_dir, experiment.CONFIG_FILE)))
+    self.assertFalse(os.path.exists(os.path.join(run_dir, run_config.CONFIG_FILE)))
 
   def test_a_cut_off_last_row_of_a_checkpointed_round_is_rebuilt(self):
     root = self._copy_of_finished_run()
@@ -175,7 +176,7 @@ class TrainFilesTest(parameterized.TestCase):
     root = self._copy_of_finished_run()
     run_dir = os.path.join(root, 'run')
     finished = _metrics_lines(run_dir)
-    os.remove(os.path.join(run_dir, experiment.METRICS_FILE))
+    os.remove(os.path.join(run_dir, metrics_file.METRICS_FILE))
     shutil.rmtree(run_files.checkpoint(run_dir, 1))  # Only the latest two kept.
     status, stderr = _train_in_process(rounds=_FINISHED + 1, root_output_dir=root,
                                        **_RUN)

@@ -16,7 +16,8 @@ from absl.testing import flagsaver
 import pytest
 
 from tasks.binaries import train
-from tasks.simulation import experiment
+from tasks.simulation import checkpoints
+from tasks.simulation import metrics_file
 from tests.helpers import processes
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
@@ -40,14 +41,14 @@ def _argv(**flag_values):
 
 
 def _rows(root):
-  with open(os.path.join(root, 'run', experiment.METRICS_FILE), newline='') as f:
+  with open(os.path.join(root, 'run', metrics_file.METRICS_FILE), newline='') as f:
     return list(csv.DictReader(f))
 
 
 def _finished_rows(root):
   """Rows in metrics.csv (0 while it is absent or being replaced)."""
   try:
-    with open(os.path.join(root, 'run', experiment.METRICS_FILE), newline='') as f:
+    with open(os.path.join(root, 'run', metrics_file.METRICS_FILE), newline='') as f:
       return max(0, f.read().count('\n') - 1)
   except OSError:
     return 0
@@ -55,7 +56,7 @@ def _finished_rows(root):
 
 def _checkpoints(root):
   try:
-    return os.listdir(os.path.join(root, 'run', experiment.CHECKPOINTS_DIR))
+    return os.listdir(os.path.join(root, 'run', checkpoints.CHECKPOINTS_DIR))
   except OSError:
     return []
 

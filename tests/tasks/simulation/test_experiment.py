@@ -18,8 +18,12 @@ import tensorflow_federated as tff
 
 from tasks import builders
 from tasks import registry
+from tasks.simulation import checkpoints
 from tasks.simulation import experiment
 from tasks.simulation import loop
+from tasks.simulation import metrics_file
+from tasks.simulation import run_config
+from tasks.simulation import run_errors
 from tests.helpers import run_files
 
 # Trains end to end (runs with checkpoints and TensorBoard files): not in the
@@ -48,12 +52,12 @@ def _run(simulation, directory, rounds, log=None, checkpoint_period=1,
 
 
 def _rows(directory):
-  with open(os.path.join(directory, experiment.METRICS_FILE), newline='') as f:
+  with open(os.path.join(directory, metrics_file.METRICS_FILE), newline='') as f:
     return list(csv.DictReader(f))
 
 
 def _config(directory):
-  with open(os.path.join(directory, experiment.CONFIG_FILE)) as f:
+  with open(os.path.join(directory, run_config.CONFIG_FILE)) as f:
     return json.load(f)
 
 
@@ -99,7 +103,7 @@ class ExperimentFilesTest(parameterized.TestCase):
 
   def test_keeps_the_first_and_two_latest_checkpoints(self):
     self.assertEqual(
-        sorted(os.listdir(os.path.join(self.finished, experiment.CHECKPOINTS_DIR))),
+        sorted(os.listdir(os.path.join(self.finished, checkpoints.CHECKPOINTS_DIR))),
         ['round_1', 'round_2', 'round_3'])
     self.assertEqual([r['round'] for r in self.reference_rows], ['0', '1', '2', '3'])
 
@@ -114,7 +118,7 @@ class ExperimentFilesTest(parameterized.TestCase):
                   'on are rewritten', messages[1])
     self._assert_equals_the_uninterrupted_run(directory)
     self.assertEqual(
-        sorted(os.listdir(os.path.join(directory, experiment.CHECKPOINTS_DIR))),
+        sorted(os.listdir(os.path.join(directory, checkpoints.CHECKPOINTS_DIR))),
         ['round_1', 'round_3', 'round_4', 'unreadable_round_3'])
 
   def test_two_damaged_checkpoints_fall_back_to_the_first(self):
@@ -128,10 +132,10 @@ class ExperimentFilesTest(parameterized.TestCase):
 
   def test_cut_off_last_row_and_unfinished_writes_are_repaired(self):
     directory = self._copy_of_finished_run()
-    metrics = os.path.join(directory, experiment.METRICS_FILE)
+    metrics = os.path.join(directory, metrics_file.METRICS_FILE)
     with open(metrics, 'a', newline='') as f:  # Round 3's row, cut off by a kill.
       f.write('3,0,0.51')
-    leftovers = [os.path.join(directory, experiment.CHECKPOINTS_DIR, 'round_4_temp1234'),
+    leftovers = [os.path.join(directory, checkpoints.CHECKPOINTS_DIR, 'round_4_temp1234'),
                  metrics + '_temp5678']
     os.mkdir(leftovers[0])
     open(leftovers[1], 'w').close()
@@ -147,7 +151,7 @@ class ExperimentFilesTest(parameterized.TestCase):
     directory = self._copy_of_finished_run()
     # Resumed after round 1, round 2's row is dropped.
     run_files.garble_variables(run_files.checkpoint(directory, 3))
-    run_files.replace_line(os.path.join(directory, experiment.METRICS_FILE), 4,
+    run_files.replace_line(os.path.join(directory, metrics_file.METRICS_FILE), 4,
                            'garbage\r\n')
     messages = []
     _run(self.simulation, directory, _ROUNDS, log=messages.append)
@@ -156,7 +160,7 @@ class ExperimentFilesTest(parameterized.TestCase):
 
   def test_a_kill_while_a_row_is_written_leaves_the_finished_rows_whole(self):
     directory = self._copy_of_finished_run()
-    metrics = os.path.join(directory, experiment.METRICS_FILE)
+    metrics = os.path.join(directory, metrics_file.METRICS_FILE)
     with open(metrics, 'rb') as f:
       before = f.read()
     write = tf.io.gfile.GFile.write
@@ -197,7 +201,7 @@ class ExperimentFilesTest(parameterized.TestCase):
 
     with mock.patch.object(manager, method, fail_in_round_3):
       with self.assertRaisesRegex(
-          experiment.RunFileError,
+          run_errors.RunFileError,
           f'{path}: could not be written in round 3 \\({reason}\\)\\. .* resumes at '
           'round 3') as raised:
         _run(self.simulation, directory, _ROUNDS)
@@ -219,8 +223,8 @@ class ExperimentFilesTest(parameterized.TestCase):
       with self.assertRaises(KeyboardInterrupt):
         _run(self.simulation, directory, _ROUNDS, checkpoint_period=2,
              on_checkpoint=reported.append)
-    checkpoints = os.path.join(directory, experiment.CHECKPOINTS_DIR)
-    self.assertEqual(os.listdir(checkpoints), ['round_2'])
+    checkpoints_dir = os.path.join(directory, checkpoints.CHECKPOINTS_DIR)
+    self.assertEqual(os.listdir(checkpoints_dir), ['round_2'])
     # What the interruption line says (`exit_status.rounds_checkpointed`): the
     # rounds the checkpoints hold, from the start, not the rows written.
     self.assertEqual(reported, [0, 2])
@@ -229,7 +233,7 @@ class ExperimentFilesTest(parameterized.TestCase):
     _run(self.simulation, directory, _ROUNDS, checkpoint_period=2,
          on_checkpoint=reported.append)
     self.assertEqual(reported, [2, 4])
-    self.assertEqual(sorted(os.listdir(checkpoints)), ['round_2', 'round_4'])
+    self.assertEqual(sorted(os.listdir(checkpoints_dir)), ['round_2', 'round_4'])
     self._assert_equals_the_uninterrupted_run(directory)
 
   def test_a_repeated_row_equal_to_the_first_is_dropped(self):
@@ -251,7 +255,7 @@ class ExperimentFilesTest(parameterized.TestCase):
                      'checkpointed; rebuilding it by rerunning')
     self._assert_equals_the_uninterrupted_run(directory)
     self.assertEqual(
-        sorted(os.listdir(os.path.join(directory, experiment.CHECKPOINTS_DIR))),
+        sorted(os.listdir(os.path.join(directory, checkpoints.CHECKPOINTS_DIR))),
         ['round_1', 'round_3', 'round_4'])
 
   def test_tensorboard_holds_one_value_per_step_after_a_resume(self):
@@ -265,10 +269,10 @@ class ExperimentFilesTest(parameterized.TestCase):
 
   def test_without_config_json_the_checkpoints_refuse_other_flags(self):
     directory = self._copy_of_finished_run()
-    os.remove(os.path.join(directory, experiment.CONFIG_FILE))
+    os.remove(os.path.join(directory, run_config.CONFIG_FILE))
     before = _snapshot(directory)
     with self.assertRaisesRegex(
-        experiment.ConfigMismatchError,
+        run_errors.ConfigMismatchError,
         r"round_3 is a checkpoint of a run with a different configuration \(run: "
         r"'test' → 'other'; fingerprint \w+, these flags \w+\): it is not resumed"):
       _run(self.simulation, directory, _ROUNDS, config={'run': 'other'})
@@ -281,14 +285,14 @@ class ExperimentFilesTest(parameterized.TestCase):
     # A warm-started GM carries its previous aggregate: the checkpoint's structure
     # differs, yet the answer is "other flags", not "damaged: delete the run".
     directory = self._copy_of_finished_run()
-    os.remove(os.path.join(directory, experiment.CONFIG_FILE))
+    os.remove(os.path.join(directory, run_config.CONFIG_FILE))
     task = builders.build_task('emnist', 'linear', source='synthetic',
                                client_spec=builders.ClientSpec(1, 10))
     warm = loop.Simulation(
         task, registry.aggregator_from_name('gm', initial_point='previous'),
         attack='omniscient', rho=0.2, clients_per_round=3, seed=0)
     before = _snapshot(directory)
-    with self.assertRaisesRegex(experiment.ConfigMismatchError,
+    with self.assertRaisesRegex(run_errors.ConfigMismatchError,
                                 r'round_3 is a checkpoint of a run with a different '
                                 r"configuration \(run: 'test' → 'warm'"):
       _run(warm, directory, _ROUNDS, config={'run': 'warm'})
@@ -298,16 +302,16 @@ class ExperimentFilesTest(parameterized.TestCase):
                                   ('config_json_deleted', False))
   def test_checkpoints_without_a_configuration_need_config_json(self, kept):
     directory = os.path.join(self.root, f'older_checkpoints_{kept}')
-    checkpoint = experiment._checkpoint  # pylint: disable=protected-access
-    with mock.patch.object(experiment, '_checkpoint',
+    checkpoint = checkpoints.contents
+    with mock.patch.object(checkpoints, 'contents',
                            lambda state, calls, _: checkpoint(state, calls, None)):
       _run(self.simulation, directory, _FINISHED)  # As an older version wrote them.
     if kept:
       _run(self.simulation, directory, _ROUNDS)
       self._assert_equals_the_uninterrupted_run(directory)
       return
-    os.remove(os.path.join(directory, experiment.CONFIG_FILE))
-    with self.assertRaisesRegex(experiment.RunFileError,
+    os.remove(os.path.join(directory, run_config.CONFIG_FILE))
+    with self.assertRaisesRegex(run_errors.RunFileError,
                                 'round_3: carries no configuration .* Restore config'):
       _run(self.simulation, directory, _ROUNDS)
 
@@ -317,7 +321,7 @@ class ExperimentFilesTest(parameterized.TestCase):
                            side_effect=KeyboardInterrupt):
       with self.assertRaises(KeyboardInterrupt):
         _run(self.simulation, directory, _ROUNDS, config={'run': 'mistaken'})
-    with open(os.path.join(directory, experiment.METRICS_FILE)) as f:
+    with open(os.path.join(directory, metrics_file.METRICS_FILE)) as f:
       self.assertEqual(f.read(), 'round\n')  # Only the header.
     _run(self.simulation, directory, _ROUNDS)
     self._assert_equals_the_uninterrupted_run(directory)
@@ -328,7 +332,7 @@ class ExperimentFilesTest(parameterized.TestCase):
     directory = self._copy_of_finished_run()
     path = damage(directory)
     before = _snapshot(directory)
-    with self.assertRaisesRegex(experiment.RunFileError, problem) as raised:
+    with self.assertRaisesRegex(run_errors.RunFileError, problem) as raised:
       _run(self.simulation, directory, _ROUNDS)
     self.assertEqual(raised.exception.path, path)
     self.assertTrue(str(raised.exception).startswith(path + ': '))
@@ -341,7 +345,7 @@ class ExperimentFilesTest(parameterized.TestCase):
                                   ('only_round_3_kept', (1, 2)))
   def test_a_deleted_metrics_csv_is_rebuilt_by_rerunning_the_rounds(self, removed):
     directory = self._copy_of_finished_run()
-    os.remove(os.path.join(directory, experiment.METRICS_FILE))
+    os.remove(os.path.join(directory, metrics_file.METRICS_FILE))
     for version in removed:
       shutil.rmtree(run_files.checkpoint(directory, version))
     messages = []
@@ -372,11 +376,11 @@ class ExperimentFilesTest(parameterized.TestCase):
     broken_in_round_1.round = 0
     with mock.patch.object(self.simulation, method, broken_in_round_1):
       with self.assertRaisesRegex(
-          experiment.NonFiniteStateError,
+          run_errors.NonFiniteStateError,
           f'Round 1 produced a model whose {metric}={value} is not finite'):
         _run(self.simulation, directory, _ROUNDS)
     self.assertEqual(
-        os.listdir(os.path.join(directory, experiment.CHECKPOINTS_DIR)), ['round_1'])
+        os.listdir(os.path.join(directory, checkpoints.CHECKPOINTS_DIR)), ['round_1'])
     self.assertLen(_rows(directory), 2)  # Round 1's, for diagnosis.
 
   def test_a_newer_checkpoint_of_another_configuration_is_named_as_such(self):
@@ -386,14 +390,14 @@ class ExperimentFilesTest(parameterized.TestCase):
     foreign = run_files.checkpoint(directory, _FINISHED + 1)
     shutil.copytree(run_files.checkpoint(directory, _FINISHED), foreign)
     with open(os.path.join(foreign, 'run_identity.json'), 'w') as f:
-      f.write(experiment.run_identity({'run': 'other'}))
+      f.write(run_config.run_identity({'run': 'other'}))
     before = _snapshot(directory)
     with self.assertRaisesRegex(
-        experiment.ConfigMismatchError,
+        run_errors.ConfigMismatchError,
         f"round_4 is a checkpoint of a run with a different configuration \\(run: "
         f"'other' → 'test'.* move {foreign} out of") as raised:
       _run(self.simulation, directory, _ROUNDS + 1)
-    self.assertNotIn(experiment.METRICS_FILE, str(raised.exception))
+    self.assertNotIn(metrics_file.METRICS_FILE, str(raised.exception))
     self.assertNotIn('delete', str(raised.exception))
     self.assertEqual(_snapshot(directory), before)
 
@@ -401,7 +405,7 @@ class ExperimentFilesTest(parameterized.TestCase):
     directory = self._copy_of_finished_run()
     before = _snapshot(directory)
     with self.assertRaisesRegex(
-        experiment.ConfigMismatchError,
+        run_errors.ConfigMismatchError,
         f'holds a run of {_FINISHED} finished rounds, more than --rounds=2: a run is '
         f'not shortened .* Pass --rounds={_FINISHED}'):
       _run(self.simulation, directory, 2)
@@ -409,9 +413,9 @@ class ExperimentFilesTest(parameterized.TestCase):
 
   def test_config_that_is_not_an_object_is_named(self):
     directory = self._copy_of_finished_run()
-    with open(os.path.join(directory, experiment.CONFIG_FILE), 'w') as f:
+    with open(os.path.join(directory, run_config.CONFIG_FILE), 'w') as f:
       json.dump([1, 2], f)
-    with self.assertRaisesRegex(experiment.RunFileError, 'holds a JSON list'):
+    with self.assertRaisesRegex(run_errors.RunFileError, 'holds a JSON list'):
       _run(self.simulation, directory, _ROUNDS)
 
 
@@ -421,32 +425,32 @@ class CheckConfigTest(parameterized.TestCase):
   def _directory_with_config(self, finished):
     directory = tempfile.mkdtemp(prefix='test_check_config_')
     self.addCleanup(shutil.rmtree, directory)
-    experiment.check_config(directory, {'seed': 0, 'rounds': 5})
+    run_config.check_config(directory, {'seed': 0, 'rounds': 5})
     if finished == 'metrics':
-      with open(os.path.join(directory, experiment.METRICS_FILE), 'w') as f:
+      with open(os.path.join(directory, metrics_file.METRICS_FILE), 'w') as f:
         f.write('round,train_loss\n0,1.0\n')
     elif finished == 'header':
-      with open(os.path.join(directory, experiment.METRICS_FILE), 'w') as f:
+      with open(os.path.join(directory, metrics_file.METRICS_FILE), 'w') as f:
         f.write('round,train_loss\n')
     elif finished == 'checkpoint':
-      os.makedirs(os.path.join(directory, experiment.CHECKPOINTS_DIR, 'round_1'))
+      os.makedirs(os.path.join(directory, checkpoints.CHECKPOINTS_DIR, 'round_1'))
     return directory
 
   def _saved(self, directory):
-    with open(os.path.join(directory, experiment.CONFIG_FILE)) as f:
+    with open(os.path.join(directory, run_config.CONFIG_FILE)) as f:
       return json.load(f)
 
   @parameterized.parameters('metrics', 'checkpoint')
   def test_a_run_with_finished_rounds_refuses_other_flags(self, finished):
     directory = self._directory_with_config(finished)
-    with self.assertRaisesRegex(experiment.ConfigMismatchError,
+    with self.assertRaisesRegex(run_errors.ConfigMismatchError,
                                 r"seed: 0 → 1\). Use the same flags"):
-      experiment.check_config(directory, {'seed': 1, 'rounds': 5})
+      run_config.check_config(directory, {'seed': 1, 'rounds': 5})
     self.assertEqual(self._saved(directory), {'seed': 0, 'rounds': 5})
 
   def test_ignored_keys_may_change(self):
     directory = self._directory_with_config('metrics')
-    experiment.check_config(directory, {'seed': 0, 'rounds': 9}, ignore=('rounds',))
+    run_config.check_config(directory, {'seed': 0, 'rounds': 9}, ignore=('rounds',))
     self.assertEqual(self._saved(directory), {'seed': 0, 'rounds': 5})
 
   @parameterized.parameters(None, 'header')
@@ -454,7 +458,7 @@ class CheckConfigTest(parameterized.TestCase):
     # E.g. its data failed to load, or it stopped in round 0 with metrics.csv holding
     # only its header: the corrected command must not be refused.
     directory = self._directory_with_config(finished)
-    experiment.check_config(directory, {'seed': 1, 'rounds': 5})
+    run_config.check_config(directory, {'seed': 1, 'rounds': 5})
     self.assertEqual(self._saved(directory), {'seed': 1, 'rounds': 5})
 
 

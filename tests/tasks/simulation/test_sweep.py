@@ -16,9 +16,10 @@ import tensorflow_federated as tff
 
 from tasks import builders
 from tasks import registry
-from tasks.simulation import experiment
 from tasks.simulation import ledger
 from tasks.simulation import loop
+from tasks.simulation import metrics_file
+from tasks.simulation import run_config
 from tasks.simulation import sweep
 from tests.helpers import processes
 
@@ -373,7 +374,7 @@ class RunIdentityTest(parameterized.TestCase):
         aggregators=['gm'], attacks=['alie'], rhos=[0.25], seeds=[0], rounds=3), 1.0)
 
   def _identity(self, task, spec):
-    return experiment.run_identity(sweep.run_config(task, spec, spec.runs()[0]))
+    return run_config.run_identity(sweep.run_config(task, spec, spec.runs()[0]))
 
   @parameterized.named_parameters(
       ('server_learning_rate', lambda t: t, lambda s: _with_server_optimizer(s, 0.5)),
@@ -408,7 +409,7 @@ class RunIdentityTest(parameterized.TestCase):
 
 
 def _metrics_text(directory):
-  with open(os.path.join(directory, experiment.METRICS_FILE)) as f:
+  with open(os.path.join(directory, metrics_file.METRICS_FILE)) as f:
     return f.read()
 
 
