@@ -3,7 +3,7 @@ so tests import it without the study's absl flags."""
 
 import math
 
-from tasks.simulation import sweep
+from tasks.simulation import sweep_report
 
 
 def study_table(summaries: dict, clean_margin: float, incumbent: str = '',
@@ -23,8 +23,8 @@ def study_table(summaries: dict, clean_margin: float, incumbent: str = '',
   for start, rows in summaries.items():
     by_cell = {('none', 0.0) if r['rho'] == 0 else (r['attack'], r['rho']): r
                for r in rows}
-    cells = [sweep.cell_text(by_cell.get(('none', 0.0)))] if has_clean else []
-    cells += [sweep.cell_text(by_cell.get(cell)) for cell in attacked]
+    cells = [sweep_report.cell_text(by_cell.get(('none', 0.0)))] if has_clean else []
+    cells += [sweep_report.cell_text(by_cell.get(cell)) for cell in attacked]
     means = [by_cell[c]['final_accuracy_mean'] for c in attacked if c in by_cell]
     worst[start] = 100 * min(means) if means else math.nan
     clean[start] = (100 * by_cell[('none', 0.0)]['final_accuracy_mean']

@@ -36,6 +36,7 @@ from benchmarks import gm_start_report
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.simulation import sweep
+from tasks.simulation import sweep_report
 from tff_robust.aggregators import geometric_median
 from tff_robust.distributed import runtime
 
@@ -90,8 +91,8 @@ def main(argv):
       spec = spec_for_start(start)
       directory = os.path.join(FLAGS.output_dir, start)
       sweep.run_sweep(task, spec, directory, progress=FLAGS.progress)
-      summaries[start] = sweep.summarize(spec, directory)
-      sweep.write_summary(summaries[start], directory)
+      summaries[start] = sweep_report.summarize(spec, directory)
+      sweep_report.write_summary(summaries[start], directory)
   table, decision = gm_start_report.study_table(
       summaries, _CLEAN_MARGIN.value, incumbent=geometric_median.DEFAULT_INITIAL_POINT,
       worst_case_margin=_WORST_CASE_MARGIN.value)

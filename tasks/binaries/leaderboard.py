@@ -189,6 +189,7 @@ def main(argv):
       argv, attacks_of_task=_attacks_of,
       aggregator_groups={_GRID: leaderboard.default_aggregators})
   from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  from tasks.simulation import sweep_report  # pylint: disable=g-import-not-at-top
   output_dir = _output_dir()
   ledger_path = _ledger_path(output_dir)
   page_specs = _pages(spec)
@@ -222,7 +223,7 @@ def main(argv):
     summary = _write_page(task, page_spec, suffix, entries, page_trained,
                           time.time() - start, output_dir, ledger_path,
                           left_alone=left_alone)
-  sweep.write_summary(summary, output_dir)  # The last page's runs are all of `spec`.
+  sweep_report.write_summary(summary, output_dir)  # The last page's runs are all of `spec`.
 
 
 # The flags that narrow the grid to a slice.
@@ -270,8 +271,9 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
   copied to --results_dir; the --readme page gets the table without momentum. Returns the
   summary of those runs."""
   from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  from tasks.simulation import sweep_report  # pylint: disable=g-import-not-at-top
   recorded = sweep.recorded_results(task, spec, entries)
-  summary = sweep.summarize(spec, output_dir, recorded)
+  summary = sweep_report.summarize(spec, output_dir, recorded)
   rows = leaderboard.worst_cases(summary)
   page = _page(leaderboard.markdown_table(rows), spec, len(recorded), trained, seconds,
                ledger_path)
@@ -292,7 +294,7 @@ def _write_page(task, spec: sweep.SweepSpec, suffix: str, entries, trained: int,
     shutil.copyfile(heatmap, stem + '.png')
   if (not suffix and readme and not flag_groups.user_task_path() and
       FLAGS.model == FLAGS.readme_model and
-      not sweep.update_marked_section(readme, page, leaderboard.README_BEGIN,
+      not sweep_report.update_marked_section(readme, page, leaderboard.README_BEGIN,
                                       leaderboard.README_END)):
     print(f'{readme} has no {leaderboard.README_BEGIN} ... '
           f'{leaderboard.README_END} section; not updated.', file=sys.stderr)

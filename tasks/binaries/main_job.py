@@ -131,13 +131,14 @@ def main(argv):
   _check_committed_files_keep_the_readme_configuration()
   task, spec = flag_groups.start_sweep_binary(argv)
   from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top
+  from tasks.simulation import sweep_report  # pylint: disable=g-import-not-at-top
   parallel_runs.train_in_copies('tasks.binaries.main_job')
   sweep.run_sweep(task, spec, FLAGS.output_dir, progress=FLAGS.progress,
                   checkpoint_period=FLAGS.checkpoint_period,
                   shard=parallel_runs.shard())
   if parallel_runs.is_copy():
     return
-  table = sweep.write_report(spec, FLAGS.output_dir)
+  table = sweep_report.write_report(spec, FLAGS.output_dir)
   elapsed = time.time() - start
   page = _results_page(table, elapsed)
   with open(os.path.join(FLAGS.output_dir, 'main_job.md'), 'w') as f:
@@ -147,8 +148,8 @@ def main(argv):
     os.makedirs(os.path.dirname(results_markdown) or '.', exist_ok=True)
     with open(results_markdown, 'w') as f:
       f.write(page)
-  if readme and not sweep.update_marked_section(readme, page):
-    print(f'{readme} has no {sweep.README_BEGIN} ... {sweep.README_END} section; '
+  if readme and not sweep_report.update_marked_section(readme, page):
+    print(f'{readme} has no {sweep_report.README_BEGIN} ... {sweep_report.README_END} section; '
           'not updated.', file=sys.stderr)
   print(page)
   print(f'Main job finished in {elapsed / 60:.1f} minutes; table, summary.csv and plots '

@@ -57,9 +57,9 @@ def _results_page(table: str, spec: sweep.SweepSpec, trained: int,
 
 
 def copy_results(spec: sweep.SweepSpec, page: str, results_dir: str) -> None:
-  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  from tasks.simulation import sweep_report  # pylint: disable=g-import-not-at-top
   os.makedirs(results_dir, exist_ok=True)
-  for name in sweep.report_files(spec):
+  for name in sweep_report.report_files(spec):
     if name.endswith('.png'):
       shutil.copyfile(os.path.join(FLAGS.output_dir, name),
                       os.path.join(results_dir, name))
@@ -73,6 +73,7 @@ def main(argv):
   start = time.time()
   task, spec = flag_groups.start_sweep_binary(argv)
   from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
+  from tasks.simulation import sweep_report  # pylint: disable=g-import-not-at-top
   trained = 0
   if parallel_runs.starts_copies():
     pending = len(sweep.pending_runs(task, spec, FLAGS.output_dir))
@@ -83,7 +84,7 @@ def main(argv):
                              shard=parallel_runs.shard())
   if parallel_runs.is_copy():
     return
-  table = sweep.write_report(spec, FLAGS.output_dir, title=_title())
+  table = sweep_report.write_report(spec, FLAGS.output_dir, title=_title())
   if FLAGS.results_dir:
     copy_results(spec, _results_page(table, spec, trained, time.time() - start),
                  FLAGS.results_dir)

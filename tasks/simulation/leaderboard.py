@@ -107,7 +107,7 @@ def __getattr__(name):
 
 
 def worst_cases(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """One row per aggregator label of a sweep summary (`sweep.summarize`).
+  """One row per aggregator label of a sweep summary (`sweep_report.summarize`).
 
   Each row has `aggregator`, `clean` (final accuracy at ρ = 0, NaN when not swept)
   and, per ρ > 0, `worst_rho<ρ>` (the lowest mean final accuracy over attacks; NaN
@@ -147,15 +147,15 @@ def _nan_last(value: float) -> float:
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   """The worst-case table: aggregator, clean, worst accuracy (attack) per ρ; with
-  several seeds each accuracy is "mean [min, max]" over them (`sweep.cell_text`)."""
-  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top
+  several seeds each accuracy is "mean [min, max]" over them (`sweep_report.cell_text`)."""
+  from tasks.simulation import sweep_report  # pylint: disable=g-import-not-at-top
   rhos = [key[len('worst_rho'):] for key in rows[0] if key.startswith('worst_rho')]
   header = ['rank', 'aggregator', 'clean'] + [f'worst case ρ={rho}' for rho in rhos]
   lines = ['| ' + ' | '.join(header) + ' |',
            '|' + '|'.join(['---:', '---'] + ['---:'] * (len(header) - 2)) + '|']
   for rank, row in enumerate(rows, start=1):
-    cells = [str(rank), row['aggregator'], sweep.cell_text(row['clean_cell'])]
-    cells += [f'{sweep.cell_text(row[f"worst_cell_rho{rho}"])} '
+    cells = [str(rank), row['aggregator'], sweep_report.cell_text(row['clean_cell'])]
+    cells += [f'{sweep_report.cell_text(row[f"worst_cell_rho{rho}"])} '
               f'({row[f"worst_attack_rho{rho}"]})' for rho in rhos]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'

@@ -4,6 +4,7 @@ checkpoint a run resumes from (`tasks.simulation.experiment` describes the contr
 import csv
 import dataclasses
 import itertools
+import math
 import os
 import re
 from typing import Any, Callable, Mapping, Optional
@@ -153,3 +154,26 @@ def repair(metrics: CheckedMetrics, log: Callable[[str], None]) -> None:
     os.replace(temporary, metrics.path)
   for repair in metrics.repairs:
     log(repair)
+
+
+def read_rows(directory: str) -> list[dict[str, float]]:
+  """The rows of a run's metrics.csv as floats (NaN for empty cells)."""
+  path = os.path.join(directory, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [{k: float(v) if v not in ('', None) else math.nan for k, v in row.items()}
+            for row in csv.DictReader(f)]
+
+
+def final_accuracy(rows) -> float:
+  """The last evaluated test accuracy of `read_rows`' rows (NaN if none)."""
+  evaluated = [r['test_accuracy'] for r in rows
+               if not math.isnan(r.get('test_accuracy', math.nan))]
+  return evaluated[-1] if evaluated else math.nan
+
+
+def calls_per_round(rows) -> float:
+  """The mean secure-average calls a round of `read_rows`' rows (NaN if none)."""
+  calls = [r['secure_average_calls'] for r in rows]
+  return float(np.mean(calls)) if calls else math.nan

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tasks.simulation import sweep
+from tasks.simulation import sweep_report
 from tests.helpers import command_lines
 
 # Starts subprocesses (binaries, benchmarks or worker processes): not in the
@@ -25,17 +25,17 @@ _COMMITTED = ('README.md', os.path.join('results', 'main_job.md'))
 
 def test_update_marked_section_replaces_only_that_section(tmp_path):
   readme = tmp_path / 'README.md'
-  readme.write_text(f'intro\n{sweep.README_BEGIN}\nold table\n'
-                    f'{sweep.README_END}\noutro\n', encoding='utf-8')
-  assert sweep.update_marked_section(str(readme), '| new | table |\n')
+  readme.write_text(f'intro\n{sweep_report.README_BEGIN}\nold table\n'
+                    f'{sweep_report.README_END}\noutro\n', encoding='utf-8')
+  assert sweep_report.update_marked_section(str(readme), '| new | table |\n')
   assert readme.read_text(encoding='utf-8') == (
-      f'intro\n{sweep.README_BEGIN}\n| new | table |\n{sweep.README_END}\noutro\n')
+      f'intro\n{sweep_report.README_BEGIN}\n| new | table |\n{sweep_report.README_END}\noutro\n')
 
 
 def test_update_marked_section_without_markers_leaves_the_file_alone(tmp_path):
   readme = tmp_path / 'README.md'
   readme.write_text('no markers here\n', encoding='utf-8')
-  assert not sweep.update_marked_section(str(readme), 'table')
+  assert not sweep_report.update_marked_section(str(readme), 'table')
   assert readme.read_text(encoding='utf-8') == 'no markers here\n'
 
 
@@ -46,7 +46,7 @@ def tiny_runs(tmp_path_factory):
   directory and result."""
   with_pages, alone = (tmp_path_factory.mktemp(name) for name in ('pages', 'alone'))
   readme = with_pages / 'README.md'
-  readme.write_text(f'{sweep.README_BEGIN}\n{sweep.README_END}\n', encoding='utf-8')
+  readme.write_text(f'{sweep_report.README_BEGIN}\n{sweep_report.README_END}\n', encoding='utf-8')
   results = command_lines.run_each('tasks.binaries.main_job', [
       [*_TINY, f'--output_dir={with_pages / "runs"}',
        f'--results_markdown={with_pages / "main_job.md"}', f'--readme={readme}'],

@@ -21,6 +21,7 @@ from tasks.simulation import loop
 from tasks.simulation import metrics_file
 from tasks.simulation import run_config
 from tasks.simulation import sweep
+from tasks.simulation import sweep_report
 from tests.helpers import processes
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -52,7 +53,7 @@ class SweepTest(parameterized.TestCase):
     self.assertLen(spec.runs(), 8)
     messages = []
     sweep.run_sweep(task, spec, output_dir, progress=False, log=messages.append)
-    markdown = sweep.write_report(spec, output_dir)
+    markdown = sweep_report.write_report(spec, output_dir)
 
     self.assertIn('| aggregator | clean ρ=0 | omniscient ρ=0.3 |', markdown)
     self.assertLen(markdown.strip().splitlines(), 4)  # Header, rule, 2 aggregators.
@@ -88,12 +89,12 @@ class SweepTest(parameterized.TestCase):
     self.assertEqual([run.name for run in spec.runs()],
                      ['mean_none_rho0_seed0', 'mean_wm0.9_none_rho0_seed0'])
     sweep.run_sweep(task, spec, output_dir, progress=False, log=lambda m: None)
-    losses = [[row['train_loss'] for row in sweep.read_metrics(
+    losses = [[row['train_loss'] for row in metrics_file.read_rows(
         sweep.run_dir(output_dir, run))] for run in spec.runs()]
     # Round 0 trains the same model; with momentum the first step is (1 − β)Δ.
     self.assertAlmostEqual(losses[0][0], losses[1][0], places=5)
     self.assertNotAlmostEqual(losses[0][1], losses[1][1], places=3)
-    markdown = sweep.write_report(spec, output_dir)
+    markdown = sweep_report.write_report(spec, output_dir)
     self.assertIn('| mean +wm0.9 |', markdown)
 
 
@@ -170,9 +171,9 @@ class DivergenceSweepTest(parameterized.TestCase):
     self.assertEqual({name: entry.diverged for name, entry in entries.items()},
                      {krum_run.name: True, mean_run.name: True})
     self.assertBetween(entries[krum_run.name].final_accuracy, 0.0, 1.0)  # Round 0's.
-    self.assertLen(sweep.read_metrics(sweep.run_dir(output_dir, krum_run)), 1)
+    self.assertLen(metrics_file.read_rows(sweep.run_dir(output_dir, krum_run)), 1)
     # Round 1's row is kept for diagnosis; no later round was trained.
-    self.assertLen(sweep.read_metrics(sweep.run_dir(output_dir, mean_run)), 2)
+    self.assertLen(metrics_file.read_rows(sweep.run_dir(output_dir, mean_run)), 2)
 
     messages.clear()
     self.assertEqual(sweep.run_sweep(task, spec, output_dir, progress=False,
@@ -201,8 +202,8 @@ class FailedRunSweepTest(parameterized.TestCase):
     self.assertEqual(sweep.failed_runs(spec, output_dir), [krum_attacked])
     for run in spec.runs():  # The other runs trained.
       if run != krum_attacked:
-        self.assertLen(sweep.read_metrics(sweep.run_dir(output_dir, run)), 1)
-    markdown = sweep.write_report(spec, output_dir)
+        self.assertLen(metrics_file.read_rows(sweep.run_dir(output_dir, run)), 1)
+    markdown = sweep_report.write_report(spec, output_dir)
     self.assertRegex(markdown, r'\| krum \| [0-9.]+ \| failed \|')
     with open(os.path.join(output_dir, 'summary.csv')) as f:
       rows = {(r['aggregator'], r['rho']): r for r in csv.DictReader(f)}
@@ -233,7 +234,7 @@ class LedgerSweepTest(parameterized.TestCase):
     entries = sweep.finished_entries(task, spec, first_dir)
     self.assertLen(entries, 2)
     self.assertEqual(ledger.read(ledger_path), entries)  # Entered as they finished.
-    expected = sweep.summarize(spec, first_dir)
+    expected = sweep_report.summarize(spec, first_dir)
 
     # Another machine, with the ledger and no run directories, trains nothing and
     # tabulates the same numbers.
@@ -244,7 +245,7 @@ class LedgerSweepTest(parameterized.TestCase):
     self.assertTrue(all(m.endswith('in the ledger, skipped.') for m in messages))
     self.assertFalse(os.path.exists(os.path.join(second_dir, 'runs')))
     recorded = sweep.recorded_results(task, spec, entries)
-    self.assertEqual(sweep.summarize(spec, second_dir, recorded), expected)
+    self.assertEqual(sweep_report.summarize(spec, second_dir, recorded), expected)
 
     # Another protocol (more rounds, other local work or data) does not match.
     for other_task, other_spec in (
