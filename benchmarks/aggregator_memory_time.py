@@ -61,8 +61,9 @@ from absl import flags
 import numpy as np
 
 from tasks import registry
+from tasks.binaries import aggregator_flags
 from tasks.binaries import exit_status
-from tasks.binaries import flag_groups
+from tasks.binaries import sweep_flags
 from tasks.simulation import leaderboard
 
 _CLIENTS = flags.DEFINE_integer('clients', 50, 'Clients per aggregation.')
@@ -86,7 +87,7 @@ _AGGREGATORS = flags.DEFINE_list(
 _OUTPUT = flags.DEFINE_string(
     'output', None, 'Also write the table as markdown here (e.g. '
     'results/aggregator_memory_time.md), rewritten after every row.')
-flag_groups.define_byzantine_fraction_flag()
+aggregator_flags.define_byzantine_fraction_flag()
 _ONE = flags.DEFINE_string(
     'one', None, 'Measure this one aggregator (or "generate_only") in this process and '
     'print one JSON line.')
@@ -98,8 +99,8 @@ _PATHS = flags.DEFINE_list(
     'through TFF\'s worker as the loop did before); with --one, the first.')
 
 GENERATE_ONLY = 'generate_only'
-flag_groups.validate_aggregator_names('aggregators', also=(_ALL,))
-flag_groups.validate_aggregator_names('one', also=(GENERATE_ONLY,))
+aggregator_flags.validate_aggregator_names('aggregators', also=(_ALL,))
+aggregator_flags.validate_aggregator_names('one', also=(GENERATE_ONLY,))
 flags.register_multi_flags_validator(
     ['calls', 'one'], lambda values: values['calls'] > 0 or values['one'] is not None,
     message='--calls=0 times nothing, and the table divides by the mean\'s time: pass '
@@ -185,7 +186,7 @@ def measure_one(name, num_clients, num_parameters, num_calls, path, *, worker_pi
     computation = generation_only(num_parameters)
     call = computation if path == WORKER else lambda _: None
   else:
-    factory = flag_groups.aggregator_from_flag(name)
+    factory = aggregator_flags.aggregator_from_flag(name)
     vector_type = tff.TensorType(np.float32, [num_parameters])
     # The simulation's updates are lists of the model's variables.
     value_type = vector_type if path == WORKER else tff.types.to_type([vector_type])
@@ -282,7 +283,7 @@ def main(argv):
   if _ONE.value:
     _measure_and_print_one(paths[0])
     return
-  flag_groups.expand_aggregator_groups({_ALL: default_aggregators})
+  sweep_flags.expand_aggregator_groups({_ALL: default_aggregators})
   names = ['mean'] + [n for n in _AGGREGATORS.value if n != 'mean']
   print(f'{_heading()}; peak: the worker\'s (worker path), Python + worker '
         '(simulation path):')

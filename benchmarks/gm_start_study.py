@@ -35,6 +35,7 @@ from absl import flags
 from benchmarks import gm_start_report
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
+from tasks.binaries import sweep_flags
 from tasks.simulation import sweep
 from tasks.simulation import sweep_report
 from tff_robust.aggregators import geometric_median
@@ -47,7 +48,7 @@ flag_groups.define_task_flags(task='emnist', model='linear', data_source='bundle
 flag_groups.define_training_flags(sweep=True, rounds=30, clients_per_round=10,
                                   client_learning_rate=0.1, eval_period=5,
                                   tensorboard=False)
-flag_groups.define_sweep_flags(aggregators=['gm'], attacks=[
+sweep_flags.define_sweep_flags(aggregators=['gm'], attacks=[
                                    'omniscient', 'alie', 'ipm', 'zero_update',
                                    'tiny_update', 'far_update'],
                                rhos=['0', '0.25'], seeds=['0', '1', '2'],
@@ -77,14 +78,14 @@ flags.register_validator('worker_momenta', lambda v: len(v) == 1,
 
 
 def spec_for_start(start: str) -> sweep.SweepSpec:
-  spec = flag_groups.sweep_spec_from_flags()
+  spec = sweep_flags.sweep_spec_from_flags()
   return dataclasses.replace(spec, aggregator_args={'gm': dict(
       spec.aggregator_args.get('gm', {}), initial_point=start)})
 
 
 def main(argv):
   started = time.time()
-  task, _ = flag_groups.start_sweep_binary(argv)
+  task, _ = sweep_flags.start_sweep_binary(argv)
   summaries = {}
   with runtime.worker_binaries_stopped():
     for start in _STARTS.value:
@@ -107,7 +108,7 @@ def main(argv):
   with open(os.path.join(FLAGS.output_dir, 'study.md'), 'w') as f:
     f.write(page)
   if FLAGS.results_markdown:
-    command = flag_groups.quoted_command('benchmarks.gm_start_study', _LOCAL_FLAGS)
+    command = sweep_flags.quoted_command('benchmarks.gm_start_study', _LOCAL_FLAGS)
     os.makedirs(os.path.dirname(FLAGS.results_markdown) or '.', exist_ok=True)
     with open(FLAGS.results_markdown, 'w') as f:
       f.write(f'<!-- Written by `{command}`; rerun it to update. -->\n\n{page}')

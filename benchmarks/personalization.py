@@ -37,6 +37,7 @@ from tasks import builders
 from tasks import registry
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
+from tasks.binaries import sweep_flags
 from tasks.simulation import attacks
 
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds (data split, corrupted '
@@ -66,7 +67,7 @@ _OUTPUT_DIR = flags.DEFINE_string('output_dir', 'results', 'Where the outputs go
 
 # Checked at parse time: every run's results are written only after the last run.
 flag_groups.validate_output_paths(directories=['output_dir'])
-flag_groups.validate_rhos_and_seeds()
+sweep_flags.validate_rhos_and_seeds()
 _KNOWN_ATTACKS = [name for name in attacks.known_attacks(
     builders.known_tasks()['emnist']['data_attacks']) if name != attacks.NO_ATTACK]
 flags.register_validator(
@@ -149,7 +150,7 @@ def main(argv):
   os.makedirs(_OUTPUT_DIR.value, exist_ok=True)
   path = os.path.join(_OUTPUT_DIR.value, report.NAME)
   report.plot(summary, len(seeds), _NUM_CLIENTS.value, path + '.png')
-  command = flag_groups.quoted_command('benchmarks.personalization', ('--output_dir',))
+  command = sweep_flags.quoted_command('benchmarks.personalization', ('--output_dir',))
   table = report.markdown(summary, sweep, chosen, command, minutes, len(seeds),
                           _NUM_CLIENTS.value, _VALIDATION_FRACTION.value)
   with open(path + '.md', 'w') as f:

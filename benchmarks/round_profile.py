@@ -42,8 +42,8 @@ import time
 from absl import flags
 
 from tasks.binaries import exit_status
-from tasks.binaries import flag_groups
 from tasks.binaries import main_job
+from tasks.binaries import sweep_flags
 
 FLAGS = flags.FLAGS
 _CPROFILE = flags.DEFINE_integer('cprofile', 0, 'Also print this many functions of '
@@ -196,4 +196,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  exit_status.run(main, header=flag_groups.print_sweep_header)
+  exit_status.run(main, header=sweep_flags.print_sweep_header)

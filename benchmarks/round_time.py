@@ -25,8 +25,8 @@ from absl import flags
 import numpy as np
 
 from tasks import builders
+from tasks.binaries import aggregator_flags
 from tasks.binaries import exit_status
-from tasks.binaries import flag_groups
 from tff_robust import distributed
 
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 50, 'Clients per round.')
@@ -47,8 +47,8 @@ _CONCURRENT_CLIENTS = flags.DEFINE_integer(
 _AGGREGATORS = flags.DEFINE_list(
     'aggregators', ['rfa'], 'Processes timed against FedAvg: rfa, one_step_rfa, or '
     'any name known to tasks.registry.aggregator_from_name.')
-flag_groups.validate_aggregator_names('aggregators', also=('rfa', 'one_step_rfa'))
-flag_groups.define_byzantine_fraction_flag()
+aggregator_flags.validate_aggregator_names('aggregators', also=('rfa', 'one_step_rfa'))
+aggregator_flags.define_byzantine_fraction_flag()
 
 
 def build_processes(task, names):
@@ -67,7 +67,7 @@ def build_processes(task, names):
           task.model_fn, client_optimizer)
     else:
       processes[name] = tff_robust.build_process_with_aggregator(
-          task.model_fn, client_optimizer, None, flag_groups.aggregator_from_flag(name))
+          task.model_fn, client_optimizer, None, aggregator_flags.aggregator_from_flag(name))
   return processes
 
 

@@ -9,7 +9,7 @@
        directory that is a file, `run_lock.RunDirectoryError`; a missing or
        malformed data file, a damaged leaderboard ledger), or a round left a
        non-finite model or non-finite losses or accuracy; or flags valid one by one cannot train together
-       (`flag_groups.UnworkableSettingsError`, refused right after parsing); or
+       (`aggregator_flags.UnworkableSettingsError`, refused right after parsing); or
        some runs of a sweep failed (the others ran; the table marks them)
        another process owns the run directory (`run_lock`: one line naming it and
        the owner's pid)
@@ -55,7 +55,7 @@ ONE_LINE_ERRORS = (
       ('tasks.simulation.ledger', 'LedgerError')), BAD_FILE),
     ((('tasks.simulation.run_lock', 'RunLockedError'),), RUN_OWNED),
     ((('tasks.simulation.run_lock', 'RunDirectoryError'),), BAD_FILE),
-    ((('tasks.binaries.flag_groups', 'UnworkableSettingsError'),), UNWORKABLE_SETTINGS),
+    ((('tasks.binaries.aggregator_flags', 'UnworkableSettingsError'),), UNWORKABLE_SETTINGS),
     ((('tasks.simulation.run_errors', 'ConfigMismatchError'),
       ('tasks.catalog', 'TaskError')), FLAGS_OR_OTHER_RUN),
 )
@@ -200,7 +200,7 @@ def run(main: Callable[..., None],
   finalizer traceback. So does an exit on bad flags, before `main`: the stop after
   `app.run` disarms the finalizer of the executor that importing TFF created.
   `check_flags` runs right after absl's parsing, for checks across flags whose
-  errors are `ONE_LINE_ERRORS` (e.g. `flag_groups.UnworkableSettingsError`); so does
+  errors are `ONE_LINE_ERRORS` (e.g. `aggregator_flags.UnworkableSettingsError`); so does
   `settings()`, if given, whose value (a `flag_groups.RunSettings`) `check_flags`,
   `header` and `main` are then passed. Ctrl-C and SIGTERM end the binary within a
   second or two with one line, saying where a rerun resumes from

@@ -1,4 +1,8 @@
-"""Flag groups the experiment binaries define (this module is not a binary).
+"""Flag groups the experiment binaries define (this module is not a binary): the
+task, training, attack and output flags, and `RunSettings`, a run's configuration
+resolved once from them. The aggregator flags' parsing and checks are in
+`tasks.binaries.aggregator_flags`, the sweep binaries' flags in
+`tasks.binaries.sweep_flags`.
 
 A binary calls the `define_*` functions it needs at import, with its own defaults
 (`define_training_flags(rounds=30)`), so every binary documents its flags in
@@ -9,42 +13,37 @@ lists kept here.
 Every flag defined here that changes what a run computes is recorded as part of the
 run's identity: `RunSettings.config` for `train`; for a sweep's cells,
 `sweep.run_config` of the task and the `SweepSpec` these flags build
-(`task_from_flags`, `sweep_spec_from_flags`). A resumed run must match it. The flags
-defined with `part_of_run=False` change no number (progress, TensorBoard, checkpoint
-period, where files go).
+(`task_from_flags`, `sweep_flags.sweep_spec_from_flags`). A resumed run must match
+it. The flags defined with `part_of_run=False` change no number (progress,
+TensorBoard, checkpoint period, where files go).
 
 Importing this module, defining the flags and checking them imports no TensorFlow,
 so a binary refuses a bad flag within a second or so; only a check that builds an
 aggregator imports it (--aggregator_args other than the binary's default; an
-aggregator assuming corrupted clients in `check_clients_per_round`), as does building
-what a run needs (`RunSettings.factory`, `task_from_flags`, ...).
+aggregator assuming corrupted clients in
+`aggregator_flags.check_clients_per_round`), as does building what a run needs
+(`RunSettings.factory`, `task_from_flags`, ...).
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
 import logging as std_logging
 import math
 import os
-import shlex
 import sys
-from typing import Any, Callable, Mapping, Optional, Sequence, TYPE_CHECKING
+from typing import Any, Optional, Sequence
 
-from absl import app
 from absl import flags
 from absl import logging
 
 from tasks import builders
 from tasks import catalog
 from tasks import registry
+from tasks.binaries import aggregator_flags
+from tasks.binaries import named_args
 from tasks.builders import user_tasks
 from tasks.simulation import attacks
-from tasks.simulation import run_config
-
-if TYPE_CHECKING:
-  from tasks.simulation import sweep
 
 FLAGS = flags.FLAGS
 # The flags defined here belong to the binary that asks for them: its --helpshort
@@ -99,8 +98,10 @@ class RunSettings:
     return dict(self.flags)[flag]
 
   def factory(self):
-    """--aggregator's factory with --aggregator_args and --rho (`build_aggregator`)."""
-    return build_aggregator(self['aggregator'], self['aggregator_args'], self['rho'])
+    """--aggregator's factory with --aggregator_args and --rho
+    (`aggregator_flags.build_aggregator`)."""
+    return aggregator_flags.build_aggregator(self['aggregator'], self['aggregator_args'],
+                                             self['rho'])
 
   def task(self) -> builders.Task:
     """The run's task, its data partitioned with --seed (`task_from_flags`)."""
@@ -178,7 +179,7 @@ def define_task_flags(**defaults) -> None:
   define('integer', 'max_elements', get('max_elements', None), 'Cap on the examples '
           'a client uses per round, after repeating for the local epochs; default all.',
           lower_bound=1)
-  _check_no_unknown(defaults)
+  check_no_unknown(defaults)
 
   @flags.multi_flags_validator(['task', 'model', 'data_source', 'data_dir'],
                                message='invalid --task/--model/--data_source/--data_dir')
@@ -278,7 +279,7 @@ def define_training_flags(sweep: bool = False, **defaults) -> None:
           part_of_run=False)
   define('bool', 'tensorboard', get('tensorboard', True), 'Also write TensorBoard '
           'summaries.', part_of_run=False)
-  _check_no_unknown(defaults)
+  check_no_unknown(defaults)
 
 
 def validate_attacks(attacks_flag: str) -> None:
@@ -322,7 +323,7 @@ def define_attack_args_flag(attacks_flag: str) -> None:
       if name not in attacks.UPDATE_ATTACKS:
         continue  # 'none' and data attacks take no parameters.
       try:
-        attacks.build_update_attack(name, **parse_named_args(
+        attacks.build_update_attack(name, **named_args.parse(
             entries, name, attacks.UPDATE_ATTACKS))
       except (TypeError, ValueError) as e:
         raise flags.ValidationError(f'--attack_args: {e}') from e
@@ -336,7 +337,7 @@ def _check_entries_are_for(attack_flag: str, attack: str,
         f'--attack_args: --{attack_flag}={attack} takes no parameters (only update '
         'attacks do); drop --attack_args.')
   for entry in entries:
-    target, _, _ = _split_entry(entry)
+    target, _, _ = named_args.split_entry(entry)
     if target and target != attack and target in attacks.UPDATE_ATTACKS:
       raise flags.ValidationError(
           f'--attack_args: {entry} is for {target}, which --{attack_flag}={attack} '
@@ -350,181 +351,6 @@ def define_aggregator_args_flag(default: Sequence[str] = ()) -> None:
           'num_communication_passes=3,nu=1e-6). Prefix with an aggregator or wrapper '
           'name to target one, e.g. gm:num_communication_passes=5,bucketing:bucket_size=3'
           '; wrappers take only targeted entries.')
-
-
-def _split_entry(entry: str) -> tuple[str, str, Optional[str]]:
-  """`[target:]key=value` as (target or '', key, value or None without '=')."""
-  head, sep, text = entry.partition('=')
-  target, _, key = head.rpartition(':')
-  return target, key, text if sep else None
-
-
-def parse_named_args(entries: Sequence[str], name: str, known_names: Sequence[str],
-                     untargeted: bool = True) -> dict[str, Any]:
-  """The keyword arguments of `name` in `[target:]key=value` entries (entries without
-  a target apply to `name` too unless `untargeted` is False).
-
-  Raises:
-    ValueError: for an entry that is not `[target:]key=value`, or an unknown target.
-  """
-  kwargs = {}
-  for entry in entries:
-    target, key, text = _split_entry(entry)
-    if target and target not in known_names:
-      raise ValueError(f'entry {entry!r} targets unknown {target!r}; known: '
-                       f'{", ".join(known_names)}.')
-    if text is None or not key.isidentifier():
-      raise ValueError(f'entry {entry!r} is not [name:]key=value.')
-    if (target or not untargeted) and target != name:
-      continue
-    try:
-      kwargs[key] = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      kwargs[key] = text  # A bare string, e.g. covariance=diagonal.
-  return kwargs
-
-
-def aggregator_kwargs(name: str, entries: Sequence[str]) -> dict[str, Any]:
-  """`aggregator_from_name` keyword arguments of the (possibly wrapped) aggregator
-  `name` in --aggregator_args entries: untargeted entries and those targeting the
-  aggregator go to it, entries targeting a wrapper go to `wrapper_args`."""
-  wrappers, base = registry.split_name(name)
-  targets = registry.known_aggregators() + registry.known_wrappers()
-  kwargs = parse_named_args(entries, base, targets)
-  wrapper_args = {w: parse_named_args(entries, w, targets, untargeted=False)
-                  for w in wrappers}
-  if any(wrapper_args.values()):
-    kwargs['wrapper_args'] = wrapper_args
-  return kwargs
-
-
-def build_aggregator(name: str, entries: Sequence[str],
-                     rho: Optional[float] = None):
-  """`aggregator_from_name(name, ...)` with --aggregator_args, errors naming it; the
-  run's `rho` is Krum's default assumed corrupted fraction. One object for equal
-  arguments (`rho` only where it reaches the factory), shared by a run's uses."""
-  try:
-    return _factory(name, tuple(entries),
-                    rho if registry.takes_assumed_byzantine_fraction(name) else None)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f'--aggregator_args={",".join(entries)} is invalid for '
-                     f'aggregator {name}: {e}') from e
-
-
-@functools.lru_cache(maxsize=16)
-def _factory(name: str, entries: tuple[str, ...], rho: Optional[float]):
-  return registry.aggregator_from_name(
-      name, assumed_byzantine_fraction=rho, **aggregator_kwargs(name, entries))
-
-
-class UnworkableSettingsError(ValueError):
-  """Flags valid one by one that cannot train together (e.g. Krum with too few
-  clients per round for the corrupted clients it assumes); the binaries exit with
-  status 2 on it, before loading any data."""
-
-
-def _takes_round(factory, n: int) -> bool:
-  try:
-    registry.check_num_clients(factory, n)
-  except ValueError:
-    return False
-  return True
-
-
-def _sets_f(name: str, entries: Sequence[str]) -> bool:
-  """Whether --aggregator_args gives f itself (else it comes from --rho)."""
-  kwargs = aggregator_kwargs(name, entries)
-  given = [kwargs] + list(kwargs.get('wrapper_args', {}).values())
-  return any(key in args for args in given
-             for key in ('num_byzantine', 'byzantine_fraction'))
-
-
-def check_clients_per_round(settings: RunSettings) -> None:
-  """Raises `UnworkableSettingsError`, naming the flags and the values that would
-  work, when --aggregator cannot aggregate a round of --clients_per_round clients
-  with f = ⌊rho·n⌋ assumed corrupted (Krum's and multi-Krum's n > 2f + 2, also inside
-  NNM or bucketing; NNM's and ARC's n > f), trying one factory per lower ρ."""
-  name, entries, rho, n = (settings[flag] for flag in (
-      'aggregator', 'aggregator_args', 'rho', 'clients_per_round'))
-  if not registry.takes_assumed_byzantine_fraction(name):
-    return  # Only the factories assuming corrupted clients have a condition on n.
-  factory = settings.factory()
-  if _takes_round(factory, n):
-    return
-  explicit = _sets_f(name, entries)
-  assumed = ('f (of --aggregator_args)' if explicit else
-             f'f = ⌊{rho:g}·{n}⌋ = {math.floor(rho * n)}')
-  fixes = []
-  enough = next((m for m in range(n + 1, 100 * n + 100)
-                 if _takes_round(factory, m)), None)
-  if enough:
-    fixes.append(f'raise --clients_per_round to {enough} or more')
-  lower = next((k / n for k in range(math.floor(rho * n) - 1, -1, -1)
-                if _takes_round(build_aggregator(name, entries, k / n), n)), None)
-  if lower is not None:
-    fixes.append(f'lower --rho to {lower:g}')
-  fixes.append('lower f in --aggregator_args' if explicit else
-               'set f apart from --rho with --aggregator_args=num_byzantine=<f>')
-  raise UnworkableSettingsError(
-      f'--aggregator={name} cannot aggregate a round of --clients_per_round={n} '
-      f'clients at --rho={rho:g}: it assumes {assumed} of them corrupted, too many '
-      f'(Krum and multi-Krum need n > 2f + 2, NNM and ARC n > f). Fix: '
-      + '; or '.join(fixes) + '.')
-
-
-def define_byzantine_fraction_flag(default: float = 0.25,
-                                   flag_values: flags.FlagValues = FLAGS) -> None:
-  """--byzantine_fraction, for binaries that build aggregators by name outside a
-  sweep (no run's rho): the assumed corrupted fraction, in [0, 0.5), of the
-  aggregators and wrappers that need one. Build them with `aggregator_from_flag`."""
-  flags.DEFINE_float(
-      'byzantine_fraction', default, 'The assumed corrupted fraction of the '
-      'aggregators that need one (Krum, multi-Krum, NNM, ARC; also inside '
-      'bucketing), in [0, 0.5).', flag_values=flag_values)
-  flags.register_validator(
-      'byzantine_fraction', lambda value: 0 <= value < 0.5,
-      message='--byzantine_fraction must be in [0, 0.5): robust aggregation assumes '
-      'fewer than half the clients corrupted.', flag_values=flag_values)
-
-
-def aggregator_from_flag(name: str, flag_values: flags.FlagValues = FLAGS):
-  """`aggregator_from_name(name)` with --byzantine_fraction, which the registry passes
-  to the aggregators and wrappers that need f, and only them."""
-  return registry.aggregator_from_name(
-      name, assumed_byzantine_fraction=flag_values.byzantine_fraction)
-
-
-def aggregator_help() -> str:
-  return ('by name of tasks.registry, optionally wrapped as wrapper+name (e.g. '
-          f'bucketing+median). Aggregators: {", ".join(registry.known_aggregators())}; '
-          f'wrappers: {", ".join(registry.known_wrappers())}.')
-
-
-def validate_aggregators(names_flag: str, also: Sequence[str] = ()) -> None:
-  """Checks at parse time that every aggregator in --`names_flag` (but those in
-  `also`) builds with --aggregator_args (building a factory is cheap: no TFF tracing,
-  but TensorFlow is imported; with the binary's default --aggregator_args nothing is
-  built)."""
-
-  # The names alone first: an unknown name is the name's fault, not --aggregator_args'.
-  validate_aggregator_names(names_flag, also)
-
-  @flags.multi_flags_validator([names_flag, 'aggregator_args'],
-                               message='invalid --aggregator_args')
-  def _check(values):
-    names = values[names_flag]
-    if values['aggregator_args'] == FLAGS['aggregator_args'].default:
-      # Nothing to build: without entries every name split_name takes builds; the
-      # binary's own default entries are built by its tests.
-      return True
-    for name in [names] if isinstance(names, str) else names or []:
-      if name in also:
-        continue
-      try:
-        build_aggregator(name, values['aggregator_args'])
-      except ValueError as e:
-        raise flags.ValidationError(str(e)) from e
-    return True
 
 
 def task_from_flags(seed: int) -> builders.Task:
@@ -638,33 +464,6 @@ def repository_readme(page: str = 'README.md') -> str:
   return path if os.path.isfile(path) else ''
 
 
-def validate_aggregator_names(names_flag: str, also: Sequence[str] = ()) -> None:
-  """Checks at parse time that --`names_flag` (one name, a list, or None) names
-  registry aggregators, optionally wrapped (`tasks.registry.split_name`), or one of
-  `also`; for binaries that build aggregators without --aggregator_args."""
-
-  def check(value):
-    names = [value] if isinstance(value, str) else value or []
-    for name in names:
-      if name not in also:
-        try:
-          registry.split_name(name)
-        except ValueError as e:
-          raise flags.ValidationError(f'--{names_flag}: {e}') from e
-    return True
-
-  flags.register_validator(names_flag, check)
-
-
-def validate_rhos_and_seeds() -> None:
-  """Checks at parse time that --rhos are numbers in [0, 0.5) and --seeds integers
-  ≥ 0 (both lists)."""
-  flags.register_validator('rhos', _valid_rhos,
-                           message='--rhos must be numbers in [0, 0.5).')
-  flags.register_validator('seeds', lambda v: bool(v) and all(
-      s.isdecimal() for s in v), message='--seeds must be integers ≥ 0.')
-
-
 def validate_output_paths(directories: Sequence[str] = (), files: Sequence[str] = (),
                           existing_files: Sequence[str] = (),
                           flag_values: flags.FlagValues = FLAGS) -> None:
@@ -700,62 +499,9 @@ def validate_output_paths(directories: Sequence[str] = (), files: Sequence[str] 
     register(name, existing_file_problem)
 
 
-def _check_no_unknown(defaults) -> None:
+def check_no_unknown(defaults) -> None:
   if defaults:
     raise TypeError(f'No such flags in this group: {sorted(defaults)}.')
-
-
-def define_sweep_flags(aggregator_groups: Optional[Mapping[str, str]] = None,
-                       **defaults) -> None:
-  """What a sweep compares: --aggregators × --attacks × --rhos × --seeds, and where.
-
-  `aggregator_groups` (name → what it stands for) are names --aggregators also takes,
-  each standing for a list derived from the factories (so known only once TensorFlow
-  is imported): `start_sweep_binary` replaces them.
-  """
-  groups = dict(aggregator_groups or {})
-  get = lambda name, value: defaults.pop(name, value)  # pylint: disable=g-long-lambda
-  define('list', 'aggregators', get('aggregators', ['mean', 'gm']), 'Aggregators to '
-         'compare, ' + aggregator_help() + ''.join(
-             f' {name}: {meaning}.' for name, meaning in groups.items()))
-  define('list', 'attacks', get('attacks', ['omniscient']), 'Corruption models at ρ > '
-         '0: a data attack of the task (every task has `data`) or an update attack: ' +
-         ', '.join(attacks.UPDATE_ATTACKS))
-  define('list', 'rhos', get('rhos', ['0', '0.1', '0.25']), 'Corruption levels in '
-         '[0, 0.5).')
-  define('list', 'seeds', get('seeds', ['0']), 'Run seeds (the shading is min–max '
-         'over them).')
-  define('integer', 'data_seed', get('data_seed', 0), 'Seed of the task data (client '
-         'partition).')
-  define('string', 'output_dir', get('output_dir', 'runs/sweep'), 'Where runs, table '
-         'and plots go.', part_of_run=False)
-  define_aggregator_args_flag(get('aggregator_args', ()))
-  # Attack names first: absl runs a flag's later validators only once it is valid.
-  validate_attacks('attacks')
-  define_attack_args_flag('attacks')
-  _check_no_unknown(defaults)
-  validate_aggregators('aggregators', also=tuple(groups))
-  validate_output_paths(directories=['output_dir'])
-  flags.register_validator(
-      'aggregators', bool, message='--aggregators must name at least one aggregator.')
-  flags.register_validator(
-      'attacks', lambda v: bool(v) and attacks.NO_ATTACK not in v,
-      message='--attacks must be non-empty and not "none" (ρ = 0 is the clean run).')
-  validate_rhos_and_seeds()
-
-
-def expand_aggregator_groups(
-    groups: Mapping[str, Callable[[], Sequence[str]]],
-    names_flag: str = 'aggregators') -> None:
-  """Replaces every group name in --`names_flag`, and in its default (so a list equal
-  to the default still is the default), by the names `groups[name]()` returns (a
-  list derived from the factories: TensorFlow is imported by then)."""
-  def expand(names):
-    return [n for name in names for n in (groups[name]() if name in groups else [name])]
-  flag = FLAGS[names_flag]
-  value = expand(flag.value)
-  FLAGS.set_default(names_flag, expand(flag.default))
-  flag.value = value
 
 
 def numbers_in(values: Sequence[str], low: float, high: float) -> bool:
@@ -766,68 +512,5 @@ def numbers_in(values: Sequence[str], low: float, high: float) -> bool:
     return False
 
 
-def _valid_rhos(values) -> bool:
-  return numbers_in(values, 0.0, 0.5)
-
-
 def _valid_momenta(values) -> bool:
   return numbers_in(values, 0.0, 1.0)
-
-
-def start_sweep_binary(
-    argv: Sequence[str],
-    attacks_of_task: Optional[Callable[[builders.Task], Sequence[str]]] = None,
-    aggregator_groups: Optional[Mapping[str, Callable[[], Sequence[str]]]] = None,
-) -> tuple[builders.Task, sweep.SweepSpec]:
-  """The opening of every sweep binary: refuses positional arguments, quiets the
-  logs, replaces the `aggregator_groups` names in --aggregators
-  (`define_sweep_flags`), and returns the task (partitioned with --data_seed) and the
-  sweep of the flags. For a task of your own without --attacks on the command line,
-  `attacks_of_task(task)`, when given, replaces the binary's default attacks (which
-  name a built-in task's data attacks)."""
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
-  quiet_logs()
-  expand_aggregator_groups(aggregator_groups or {})
-  task = task_from_flags(FLAGS.data_seed)
-  if (attacks_of_task is not None and user_task_path() is not None and
-      not FLAGS['attacks'].present):
-    FLAGS.attacks = list(attacks_of_task(task))
-  check_attacks(task, 'attacks')
-  return task, sweep_spec_from_flags()
-
-
-def print_sweep_header(output_dir: Optional[str] = None) -> None:
-  """A sweep binary's first line (`exit_status.run`'s `header`): the task, the grid
-  of the flags and where the runs go (default --output_dir)."""
-  print(f'{task_title()}: --aggregators={",".join(FLAGS.aggregators)} × '
-        f'--attacks={",".join(FLAGS.attacks)} × --rhos={",".join(FLAGS.rhos)} × '
-        f'--seeds={",".join(FLAGS.seeds)}, {FLAGS.rounds} rounds; output in '
-        f'{output_dir or FLAGS.output_dir}', file=sys.stderr, flush=True)
-
-
-def quoted_command(module: str, local_flags: Sequence[str]) -> str:
-  """This run's command line as `python -m <module> ...`, shell-quoted, without the
-  flags that start with one of `local_flags` (output paths, progress bars: they do not
-  change the results a page reports)."""
-  return shlex.join(['python', '-m', module] + [
-      arg for arg in sys.argv[1:] if not arg.startswith(tuple(local_flags))])
-
-
-def sweep_spec_from_flags() -> sweep.SweepSpec:
-  """The `tasks.simulation.sweep.SweepSpec` of the sweep flags."""
-  from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top,redefined-outer-name
-  return sweep.SweepSpec(
-      aggregators=FLAGS.aggregators, attacks=FLAGS.attacks,
-      rhos=sorted({float(r) for r in FLAGS.rhos}),
-      seeds=[int(s) for s in FLAGS.seeds], rounds=FLAGS.rounds,
-      eval_period=FLAGS.eval_period,
-      worker_momenta=sorted({float(b) for b in FLAGS.worker_momenta}),
-      client_work=FLAGS.client_work, client_work_args=(
-          {} if FLAGS.client_work == 'fedavg' else client_work_args_from_flags()),
-      aggregator_args={name: aggregator_kwargs(name, FLAGS.aggregator_args)
-                       for name in FLAGS.aggregators},
-      attack_args={name: parse_named_args(FLAGS.attack_args, name,
-                                          attacks.UPDATE_ATTACKS)
-                   for name in FLAGS.attacks if name in attacks.UPDATE_ATTACKS},
-      simulation_kwargs=simulation_kwargs_from_flags())

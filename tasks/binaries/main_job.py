@@ -40,6 +40,7 @@ from absl import flags
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
 from tasks.binaries import parallel_runs
+from tasks.binaries import sweep_flags
 
 FLAGS = flags.FLAGS
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,7 +53,7 @@ flag_groups.define_task_flags(task='emnist', model='linear', data_source='bundle
 flag_groups.define_training_flags(sweep=True, rounds=30, clients_per_round=10,
                                   client_learning_rate=0.1, eval_period=5,
                                   checkpoint_period=10, tensorboard=False)
-flag_groups.define_sweep_flags(
+sweep_flags.define_sweep_flags(
     aggregators=['mean', 'gm', 'one_step_gm', 'gamma_mean', 'gma', 'median'],
     attacks=['omniscient', 'data'], rhos=['0', '0.1', '0.25'], seeds=['0'],
     aggregator_args=['gamma_mean:initial_point=geometric_median'],
@@ -129,7 +130,7 @@ def _check_committed_files_keep_the_readme_configuration() -> None:
 def main(argv):
   start = time.time()
   _check_committed_files_keep_the_readme_configuration()
-  task, spec = flag_groups.start_sweep_binary(argv)
+  task, spec = sweep_flags.start_sweep_binary(argv)
   from tasks.simulation import sweep  # pylint: disable=g-import-not-at-top
   from tasks.simulation import sweep_report  # pylint: disable=g-import-not-at-top
   parallel_runs.train_in_copies('tasks.binaries.main_job')
@@ -157,4 +158,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  exit_status.run(main, header=flag_groups.print_sweep_header)
+  exit_status.run(main, header=sweep_flags.print_sweep_header)

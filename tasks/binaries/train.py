@@ -56,8 +56,10 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from tasks.binaries import aggregator_flags
 from tasks.binaries import exit_status
 from tasks.binaries import flag_groups
+from tasks.binaries import named_args
 from tasks.simulation import attacks
 from tasks.simulation import run_lock
 from tff_robust import distributed
@@ -92,9 +94,9 @@ def _check_experiment_name(name) -> bool:
 
 flags.register_validator('experiment_name', _check_experiment_name)
 flag_groups.define('string', 'aggregator', 'gm', 'Aggregator of the client updates, '
-                   + flag_groups.aggregator_help())
+                   + aggregator_flags.aggregator_help())
 flag_groups.define_aggregator_args_flag()
-flag_groups.validate_aggregators('aggregator')
+aggregator_flags.validate_aggregators('aggregator')
 flag_groups.define('string', 'attack', attacks.NO_ATTACK, 'Corruption model: none, '
                     'a data attack of the task (every task has `data`, RFA paper D.2.1) '
                     'or an update attack: ' + ', '.join(attacks.UPDATE_ATTACKS) + '.')
@@ -191,7 +193,7 @@ def build_simulation(settings: flag_groups.RunSettings, task,
   return on_workers.build_simulation(
       task, settings.factory(), flag_groups.client_work_from_flags(task),
       context=context, attack=settings['attack'],
-      attack_params=flag_groups.parse_named_args(
+      attack_params=named_args.parse(
           settings['attack_args'], settings['attack'], attacks.UPDATE_ATTACKS),
       rho=settings['rho'], seed=settings['seed'],
       **({'client_data_dir': FLAGS.worker_data_dir} if context is not None else {}),
@@ -210,7 +212,7 @@ def print_header(settings: flag_groups.RunSettings) -> None:
 
 def check_settings(settings=None) -> None:
   """Refuses, before any data is loaded, flags that cannot train together."""
-  flag_groups.check_clients_per_round(settings or run_settings())
+  aggregator_flags.check_clients_per_round(settings or run_settings())
 
 
 def main(argv, settings=None):

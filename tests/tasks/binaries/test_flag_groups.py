@@ -13,6 +13,7 @@ from absl.testing import parameterized
 
 from baselines import krum
 from baselines import nnm
+from tasks.binaries import aggregator_flags
 from tasks.binaries import flag_groups
 
 
@@ -81,7 +82,7 @@ class ByzantineFractionFlagTest(parameterized.TestCase):
   def setUp(self):
     super().setUp()
     self.flag_values = flags.FlagValues()
-    flag_groups.define_byzantine_fraction_flag(flag_values=self.flag_values)
+    aggregator_flags.define_byzantine_fraction_flag(flag_values=self.flag_values)
 
   @parameterized.named_parameters(('half', '0.5'), ('negative', '-0.1'), ('nan', 'nan'))
   def test_impossible_fractions_are_refused(self, value):
@@ -91,7 +92,7 @@ class ByzantineFractionFlagTest(parameterized.TestCase):
 
   def test_the_fraction_reaches_an_aggregator_inside_a_wrapper(self):
     self.flag_values(['binary', '--byzantine_fraction=0.1'])
-    factory = flag_groups.aggregator_from_flag('nnm+krum', self.flag_values)
+    factory = aggregator_flags.aggregator_from_flag('nnm+krum', self.flag_values)
     wrapped = []
     while not isinstance(factory, krum.KrumFactory):
       wrapped.append(type(factory))

@@ -77,7 +77,9 @@ _IDENTITIES = '''
 import importlib, json, sys
 import tensorflow  # As `exit_status.run` does, before the binary's main.
 from absl import flags
+from tasks.binaries import aggregator_flags
 from tasks.binaries import flag_groups
+from tasks.binaries import sweep_flags
 from tasks.simulation import leaderboard, ledger, sweep
 name, lines = sys.argv[1], json.loads(sys.argv[2])
 binary = importlib.import_module('tasks.binaries.' + name)
@@ -92,7 +94,7 @@ for line in lines:
   kwargs = {} if name != 'leaderboard' else dict(
       attacks_of_task=binary._attacks_of,
       aggregator_groups={binary._GRID: leaderboard.default_aggregators})
-  task, spec = flag_groups.start_sweep_binary([name], **kwargs)
+  task, spec = sweep_flags.start_sweep_binary([name], **kwargs)
   found.append({run.name: sweep.run_fingerprint(task, spec, run) for run in spec.runs()})
 print(json.dumps(found))
 '''
@@ -134,13 +136,15 @@ from unittest import mock
 from absl import flags
 from absl.testing import flagsaver
 from tasks import registry
+from tasks.binaries import aggregator_flags
 from tasks.binaries import flag_groups, train
+from tasks.binaries import sweep_flags
 built, build = [], registry.aggregator_from_name
 counts = []
 with mock.patch.object(registry, 'aggregator_from_name',
                        lambda *a, **k: built.append(a) or build(*a, **k)):
   for line in json.loads(sys.argv[1]):
-    flag_groups._factory.cache_clear()
+    aggregator_flags._factory.cache_clear()
     built.clear()
     with flagsaver.flagsaver():
       flags.FLAGS.unparse_flags()

@@ -124,8 +124,9 @@ _IN_THE_PROVENANCE = ('data_source', 'data_dir')
 _IDENTITY_CODE = '''
 import json, sys
 from absl import flags
-from tasks.binaries import sweep as binary
 from tasks.binaries import flag_groups
+from tasks.binaries import sweep as binary
+from tasks.binaries import sweep_flags
 from tasks.simulation import experiment, sweep
 from tasks.simulation import run_config
 FLAGS = flags.FLAGS
@@ -136,7 +137,7 @@ base = ['--data_source=synthetic', '--aggregators=gm', '--attacks=alie', '--rhos
 def identity(extra):
   FLAGS.unparse_flags()
   FLAGS(['sweep'] + base + extra)
-  spec = flag_groups.sweep_spec_from_flags()
+  spec = sweep_flags.sweep_spec_from_flags()
   task = flag_groups.task_from_flags(FLAGS.data_seed)
   return run_config.run_identity(sweep.run_config(task, spec, spec.runs()[0]))
 

@@ -17,7 +17,7 @@ from absl.testing import parameterized
 import pytest
 import tensorflow_federated as tff
 
-from tasks.binaries import flag_groups
+from tasks.binaries import aggregator_flags
 from tasks.binaries import train
 from tasks.simulation import checkpoints
 from tasks.simulation import metrics_file
@@ -203,7 +203,7 @@ def test_an_aggregator_without_enough_clients_is_refused_naming_the_flags(
   with flagsaver.flagsaver():
     FLAGS.unparse_flags()
     FLAGS(_argv(aggregator=aggregator, rho=rho, clients_per_round=clients))
-    with pytest.raises(flag_groups.UnworkableSettingsError, match=message) as raised:
+    with pytest.raises(aggregator_flags.UnworkableSettingsError, match=message) as raised:
       train.check_settings()
   assert 'num_byzantine (' not in str(raised.value)  # Not a flag of the binary.
 
