@@ -149,8 +149,8 @@ def install(timer: PhaseTimer) -> None:
   original_next = rounds.Round.next
 
   def round_next(self, *args, attack=None, **kwargs):
-    if attack is not None:
-      attack = timer.timed('attack', attack)
+    if attack is not None and 'attack_round' not in vars(attack):  # Once an attack.
+      attack.attack_round = timer.timed('attack', attack.attack_round)
     return original_next(self, *args, attack=attack, **kwargs)
 
   rounds.Round.next = round_next
