@@ -20,6 +20,7 @@ import tensorflow_federated as tff
 from tasks import catalog
 from tasks.builders import models
 from tff_robust.common import teardown
+from tff_robust.common import tff_private
 
 # Importing this module moves TFF's finalizer of its idle local worker manager late
 # enough in the interpreter's teardown to fail ("Exception ignored ... 'Popen'"):
@@ -275,12 +276,7 @@ def shuffle_seeds(dataset: tf.data.Dataset) -> Optional[tuple[int, int]]:
   Raises:
     ValueError: if the pipeline shuffles more than once.
   """
-  found = []
-  while dataset is not None:
-    if type(dataset).__name__ == '_ShuffleDataset':
-      # pylint: disable-next=protected-access
-      found.append((int(dataset._seed), int(dataset._seed2)))
-    dataset = getattr(dataset, '_input_dataset', None)
+  found = tff_private.shuffle_seeds(dataset)
   if len(found) > 1:
     raise ValueError(f'The client dataset shuffles {len(found)} times; expected once.')
   return found[0] if found else None

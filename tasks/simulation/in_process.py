@@ -56,8 +56,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_robust.common.tff_private import wrap_function as wrap_function_lib
-from tff_robust.common.tff_private import function_attributes as attributes
+from tff_robust.common import tff_private
 from tff_robust.common.tff_private import structure
 from tff_robust.common.tff_private import native_compiler as compiler
 from tff_robust.common.tff_private import building_blocks
@@ -690,8 +689,11 @@ def _embedded(block: building_blocks.CompiledComputation) -> Callable:
 
   signature = [tf.TensorSpec([], tf.variant) if isinstance(t, tff.SequenceType)
                else tf.TensorSpec(t.shape, t.dtype) for t in parameter_leaves]
-  wrapped = _never_inlined(tf.compat.v1.wrap_function(import_graph, signature),
-                           signature)
+  # Inlined, TensorFlow would optimize across the embedded graphs of a fused call
+  # (`InProcessComputation._fused_call`) and round differently than TFF's runtime,
+  # which runs each graph on its own (GM's result moved by 1 ulp).
+  wrapped = tff_private.never_inlined(
+      tf.compat.v1.wrap_function(import_graph, signature), signature)
   # Variables of the graph (a model's, trained from scratch every call) live in the
   # resource manager under their shared names: destroyed after each call, as TFF's
   # runtime drops them with its graph.
@@ -717,17 +719,6 @@ def _embedded(block: building_blocks.CompiledComputation) -> Callable:
 
 
 _EMBEDDED = itertools.count()
-
-
-def _never_inlined(wrapped, signature):
-  """The wrapped function `wrapped` as one a function calling it calls, rather than
-  inlines: inlined, TensorFlow would optimize across the embedded graphs of a fused
-  call (`InProcessComputation._fused_call`) and round differently than TFF's
-  runtime, which runs each graph on its own (GM's result moved by 1 ulp)."""
-  # pylint: disable-next=protected-access
-  return wrap_function_lib.WrappedFunction(wrapped.graph, wrapped._variable_holder,
-                                           attrs={attributes.NO_INLINE: True},
-                                           signature=signature)
 
 
 def _renamed_functions(graph_def, rename):

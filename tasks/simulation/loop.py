@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from tff_robust.common.tff_private import eager_context as context
+from tff_robust.common import tff_private
 
 from tasks.builders import task as task_lib
 from tasks.simulation import attacks
@@ -86,11 +86,7 @@ def seed_unseeded_operations(seed: int) -> None:
   3 ms warm). Nothing a round runs in this process needs the reset: the clients
   train in TFF's runtime, the attacks draw from numpy, and the aggregators' random
   operations are stateless (bucketing) or unseeded (the DP noise)."""
-  # What `tf.random.set_seed` does in eager mode (TF 2.14's
-  # `Context._set_global_seed`), minus `TFE_ContextClearCaches`.
-  eager = context.context()
-  eager._seed = seed  # pylint: disable=protected-access
-  eager._rng = random.Random(seed)  # pylint: disable=protected-access
+  tff_private.set_eager_global_seed(seed)
 
 
 # `initial_model`'s results by (keras_model_fn, seed): the model and the generators'
@@ -121,15 +117,13 @@ def initial_model(keras_model_fn: Callable[[], tf.keras.Model],
     keras_model = keras_model_fn()
     weights = ([_read_only(v.numpy()) for v in keras_model.trainable_variables],
                [_read_only(v.numpy()) for v in keras_model.non_trainable_variables])
-    eager = context.context()
     _INITIAL_MODELS[key] = (weights, random.getstate(), np.random.get_state(),
-                            eager._seed, eager._rng.getstate())  # pylint: disable=protected-access
-  (trainable, non_trainable), python_state, numpy_state, tf_seed, tf_state = (
+                            tff_private.eager_seed_state())
+  (trainable, non_trainable), python_state, numpy_state, tf_state = (
       _INITIAL_MODELS[key])
   random.setstate(python_state)
   np.random.set_state(numpy_state)
-  seed_unseeded_operations(tf_seed)
-  context.context()._rng.setstate(tf_state)  # pylint: disable=protected-access
+  tff_private.set_eager_seed_state(tf_state)
   return tff.learning.models.ModelWeights(trainable=list(trainable),
                                           non_trainable=list(non_trainable))
 

@@ -13,12 +13,21 @@ distributed DP sum (`tff_robust.aggregators.privacy`, not exported by 0.87), tel
 contexts that cannot run secure sums (`tff_robust.common.secure_sums`), and a few
 tests.
 
+The private fields and functions of their objects (the eager context's seed, a
+dataset's shuffle seeds, TFF's mergeable-context steps and remote executors) are
+read or set only by the functions at the end of this module; the one exception is
+the `_process` field of TFF's local `ServiceManager`, which
+`tff_robust.common.teardown` and `tff_robust.distributed.runtime` read to stop
+worker_binaries: they import without TensorFlow (the workers' side uses them), so
+they cannot come through here.
+
 Porting to another TFF release: change `SUPPORTED_TFF` and, for every module below
 that moved or changed, the import here and its users; where a name became public
 (`tff.framework`, `tff.types`, `tff.structure`), prefer it and drop the import.
 """
 
 import atexit
+import random
 
 import tensorflow_federated as tff
 
@@ -64,6 +73,7 @@ from tensorflow_federated.python.core.impl.utils import tensorflow_utils
 from tensorflow_federated.python.learning.templates import model_delta_client_work
 from tensorflow_federated.python.tensorflow_libs import graph_utils
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
+from tensorflow_federated.proto.v0 import executor_pb2
 # pylint: enable=g-direct-tensorflow-import,g-bad-import-order,unused-import
 
 # TFF 0.87's finalizer of its idle local worker manager fails when it runs in the
@@ -73,3 +83,96 @@ from tensorflow_federated.python.tensorflow_libs import serialization_utils
 # script's imports can: disarmed at exit, before the teardown. Every factory of
 # tff_robust imports this module (`tff_robust.common.secure_sums`).
 atexit.register(teardown.disarm_idle_managers)
+
+
+# Private fields and functions of TensorFlow's and TFF's objects: read or set here
+# only, each behind a function that says what it stands for.
+# pylint: disable=protected-access
+
+
+def set_eager_global_seed(seed) -> None:
+  """What `tf.random.set_seed(seed)` does to the eager context in TF 2.14
+  (`Context._set_global_seed`), without clearing its kernel caches."""
+  eager = eager_context.context()
+  eager._seed = seed
+  eager._rng = random.Random(seed)
+
+
+def eager_seed_state() -> tuple:
+  """The eager context's global seed and the state of its op-seed generator."""
+  eager = eager_context.context()
+  return eager._seed, eager._rng.getstate()
+
+
+def set_eager_seed_state(state: tuple) -> None:
+  """Restores an `eager_seed_state()`."""
+  seed, rng_state = state
+  set_eager_global_seed(seed)
+  eager_context.context()._rng.setstate(rng_state)
+
+
+def shuffle_seeds(dataset) -> list[tuple[int, int]]:
+  """(seed, seed2) of every `Dataset.shuffle` in `dataset`'s pipeline, outermost
+  first: the seeds TF drew from the global seed when the dataset was built (TF has
+  no public accessor)."""
+  found = []
+  while dataset is not None:
+    if type(dataset).__name__ == '_ShuffleDataset':
+      found.append((int(dataset._seed), int(dataset._seed2)))
+    dataset = getattr(dataset, '_input_dataset', None)
+  return found
+
+
+def never_inlined(wrapped, signature):
+  """The `tf.compat.v1.wrap_function` result `wrapped` as a function its callers call
+  rather than inline (the `_noinline` attribute)."""
+  return wrap_function.WrappedFunction(wrapped.graph, wrapped._variable_holder,
+                                       attrs={function_attributes.NO_INLINE: True},
+                                       signature=signature)
+
+
+def as_lambda(building_block):
+  """TFF's mergeable compiler's `_ensure_lambda`: a building block as a Lambda."""
+  return mergeable_comp_compiler._ensure_lambda(building_block)
+
+
+def calls_with_fn_consuming_arg(tree, fn_predicate, arg_predicate) -> list:
+  """TFF's `tree_analysis._extract_calls_with_fn_consuming_arg`: the calls in `tree`
+  of a function matching `fn_predicate` on an argument that depends on a call
+  matching `arg_predicate` (what keeps the mergeable compiler from splitting it)."""
+  return tree_analysis._extract_calls_with_fn_consuming_arg(
+      tree, fn_predicate=fn_predicate, arg_predicate=arg_predicate)
+
+
+async def compute_after_merged(form, shard, merged, context):
+  """TFF's mergeable context's after-merge step of `form` on one shard."""
+  return await mergeable_comp_execution_context._compute_after_merged(
+      form, shard, merged, context)
+
+
+def repackage_partitioned_values(results: list, result_type):
+  """TFF's mergeable context's assembly of the shards' after-merge results."""
+  return mergeable_comp_execution_context._repackage_partitioned_values(
+      results, result_type)
+
+
+def executor_of(remote_value):
+  """The `tff.framework.RemoteExecutor` a remote value lives on."""
+  return remote_value._executor
+
+
+def flush_disposals(executor) -> None:
+  """Sends a `tff.framework.RemoteExecutor`'s batch of values to dispose now rather
+  than once it holds 20 (TFF's batch size). TFF 0.87 has no public call for it."""
+  pending = executor._dispose_request
+  if pending is None or not pending.value_ref:
+    return
+  executor._dispose_request = executor_pb2.DisposeRequest(
+      executor=executor._executor_id)
+  executor._stub.dispose(pending)
+
+
+def executor_cardinalities(factory) -> list:
+  """The cardinalities a TFF remote executor factory holds an executor for."""
+  return list(factory._executors.keys())
+# pylint: enable=protected-access

@@ -45,6 +45,7 @@ from typing import Optional, Sequence
 import tensorflow_federated as tff
 # The compiler TFF's own local C++ context is built with; TFF 0.87 exports no public
 # name for it.
+from tff_robust.common import tff_private
 from tff_robust.common.tff_private import native_compiler
 # The pieces of TFF's mergeable context (splitting arguments into shards, its compiler,
 # re-assembling results), run here in client order (see `DistributedContext.invoke`).
@@ -52,7 +53,6 @@ from tff_robust.common.tff_private import async_utils
 from tff_robust.common.tff_private import structure
 from tff_robust.common.tff_private import mergeable_comp_compiler
 from tff_robust.common.tff_private import compiler_pipeline
-from tff_robust.common.tff_private import mergeable_comp_execution_context as mergeable
 from tff_robust.common.tff_private import tensorflow_tree_transformations
 from tff_robust.common.tff_private import building_blocks
 from tff_robust.common.tff_private import transformations
@@ -341,12 +341,11 @@ def _dependent_aggregations(comp) -> list:
   """The aggregation calls of `comp` that take another aggregation's result: what
   keeps TFF's compiler from building its mergeable form, found as that compiler
   finds them (on the call-dominant form of `comp` with its intrinsics lowered)."""
-  tree = mergeable_comp_compiler._ensure_lambda(  # pylint: disable=protected-access
-      comp.to_building_block())
+  tree = tff_private.as_lambda(comp.to_building_block())
   tree, _ = tensorflow_tree_transformations.replace_intrinsics_with_bodies(tree)
   tree = building_blocks.Lambda(tree.parameter_name, tree.parameter_type,
                                 transformations.to_call_dominant(tree.result))
-  return tree_analysis._extract_calls_with_fn_consuming_arg(  # pylint: disable=protected-access
+  return tff_private.calls_with_fn_consuming_arg(
       tree, fn_predicate=_is_aggregation, arg_predicate=_is_aggregation)
 
 
@@ -429,14 +428,11 @@ async def _invoke_in_order(form, shards, contexts, merge_context=None):
   if type_analysis.contains_only(
       result_type, lambda t: not isinstance(t, tff.FederatedType) or t.all_equal):
     # Every shard would return the same (e.g. server-placed) result: compute it once.
-    return await mergeable._compute_after_merged(  # pylint: disable=protected-access
-        form, shards[0], merged, contexts[0])
-  after_merge = mergeable._compute_after_merged  # pylint: disable=protected-access
+    return await tff_private.compute_after_merged(form, shards[0], merged, contexts[0])
   results = await asyncio.gather(*(
-      after_merge(form, shard, merged, context)
+      tff_private.compute_after_merged(form, shard, merged, context)
       for shard, context in zip(shards, contexts)))
-  return mergeable._repackage_partitioned_values(  # pylint: disable=protected-access
-      list(results), result_type)
+  return tff_private.repackage_partitioned_values(list(results), result_type)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import contextlib
 
 import tensorflow_federated as tff
 import tree
-from tensorflow_federated.proto.v0 import executor_pb2
+from tff_robust.common import tff_private
 from tff_robust.common.tff_private import cardinalities_utils
 from tff_robust.common.tff_private import cardinality_carrying_base
 from tff_robust.common.tff_private import structure
@@ -80,32 +80,19 @@ class ResidentValue(cardinality_carrying_base.CardinalityCarrying):
     """Frees the shards on the workers (at once; a worker that is away is skipped)."""
     if self._pieces is None:
       return
-    executors = [p.remote._executor for p in self._pieces]  # pylint: disable=protected-access
+    executors = [tff_private.executor_of(p.remote) for p in self._pieces]
     # TFF disposes a remote value when its last reference goes, in batches: drop
     # ours, then send the executors' pending batches now.
     self._pieces = None
     for executor in executors:
-      _flush_disposals(executor)
+      # A shard of updates can be large: not kept until 20 await disposal.
+      tff_private.flush_disposals(executor)
 
   def __enter__(self) -> 'ResidentValue':
     return self
 
   def __exit__(self, *exc_info):
     self.release()
-
-
-def _flush_disposals(executor) -> None:
-  """Sends `executor`'s (a `tff.framework.RemoteExecutor`) batch of values to dispose
-  now rather than once it holds 20 (TFF's batch size; a shard of updates can be
-  large). TFF 0.87 has no public call for it."""
-  # pylint: disable=protected-access
-  pending = executor._dispose_request
-  if pending is None or not pending.value_ref:
-    return
-  executor._dispose_request = executor_pb2.DisposeRequest(
-      executor=executor._executor_id)
-  executor._stub.dispose(pending)
-  # pylint: enable=protected-access
 
 
 def _holds_pieces(value) -> bool:
@@ -200,7 +187,8 @@ class WorkerInvoker:
 
   async def _ingest(self, executor, value, type_spec):
     if isinstance(value, _Piece):
-      if value.worker is not self._worker or value.remote._executor is not executor:  # pylint: disable=protected-access
+      if (value.worker is not self._worker
+          or tff_private.executor_of(value.remote) is not executor):
         raise ValueError('A ResidentValue\'s shard was passed to another worker or '
                          'after the worker\'s executor was reset.')
       return value.remote

@@ -22,6 +22,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import executor_pb2_grpc
 # The compiler and TF-frontend transforms TFF's own local C++ context is built with;
 # TFF 0.87 exports no public name for them.
+from tff_robust.common import tff_private
 from tff_robust.common.tff_private import native_compiler
 from tff_robust.common.tff_private import tensorflow_computation
 
@@ -453,7 +454,7 @@ class WorkerContext:
   def close(self):
     # Frees this client's executors on the worker (a gone worker is skipped).
     for factory in self._factories:
-      for cardinalities in list(factory._executors.keys()):  # pylint: disable=protected-access
+      for cardinalities in tff_private.executor_cardinalities(factory):
         try:
           factory.clean_up_executor(dict(cardinalities))
         except Exception:  # pylint: disable=broad-except
