@@ -175,8 +175,7 @@ def measure_one(name, num_clients, num_parameters, num_calls, path, *, worker_pi
   # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff
   from benchmarks import fail_fast
-  from tasks.simulation import gathered
-  from tasks.simulation import in_process
+  from tasks.simulation import rounds
   seeds = list(range(num_clients))
   # Each call's inputs, made before its timer starts: on the simulation path a fresh
   # round of updates, which a gathering baseline's in-process step consumes.
@@ -197,8 +196,7 @@ def measure_one(name, num_clients, num_parameters, num_calls, path, *, worker_pi
       call = lambda client_seeds: computation(state, client_seeds)
     else:
       aggregate = (process.next if path == SIMULATION_TFF else
-                   gathered.in_process_aggregation(factory, value_type) or
-                   in_process.aggregation(process) or process.next)
+                   rounds.aggregate_function(process, True, factory, value_type))
       call = lambda updates_and_weights: aggregate(state, *updates_and_weights)
   call(inputs())  # The measured aggregation when num_calls is 0; else untimed (tracing).
   seconds = []

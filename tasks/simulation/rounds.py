@@ -149,13 +149,31 @@ def _created(factory, value_type: tff.Type, weighted: bool, in_process: bool):
   if key not in created:
     aggregation = (factory.create(value_type, tff.TensorType(np.float32))
                    if weighted else factory.create(value_type))
-    # A gathering baseline runs its server step on the updates held here
-    # (`tasks.simulation.gathered`): O(n·p) memory instead of TFF's ~8 copies.
-    aggregate = ((in_process and weighted and
-                  (gathered.in_process_aggregation(factory, value_type) or
-                   in_process_lib.aggregation(aggregation))) or aggregation.next)
-    created[key] = (aggregation, aggregate)
+    created[key] = (aggregation, aggregate_function(aggregation, in_process, factory,
+                                                     value_type))
   return created[key]
+
+
+def aggregate_function(aggregation: tff.templates.AggregationProcess,
+                        in_process: bool, factory=None, value_type=None):
+  """What a round calls to aggregate: with `in_process`, a weighted aggregation
+  evaluated here (a gathering baseline's server step on the updates held here,
+  `tasks.simulation.gathered`: O(n·p) memory instead of TFF's ~8 copies; any other
+  computation `tasks.simulation.in_process` can run); else, or where neither can,
+  TFF's runtime (`aggregation.next`)."""
+  if in_process and len(aggregation.next.type_signature.parameter) == 3:
+    evaluated = ((factory is not None and
+                  gathered.in_process_aggregation(factory, value_type)) or
+                 in_process_lib.aggregation(aggregation))
+    if evaluated:
+      return evaluated
+  return aggregation.next
+
+
+def _next_function(process: tff.templates.MeasuredProcess, in_process: bool):
+  """`process.next`, evaluated here with `in_process` where
+  `tasks.simulation.in_process` can run it, else by TFF's runtime."""
+  return (in_process and in_process_lib.process_next(process)) or process.next
 
 
 class Round:
@@ -220,8 +238,7 @@ class Round:
     if isinstance(aggregator, tff.templates.AggregationProcess):
       self.aggregation = aggregator
       self._weighted = len(aggregator.next.type_signature.parameter) == 3
-      self.aggregate = ((in_process and self._weighted and
-                         in_process_lib.aggregation(aggregator)) or aggregator.next)
+      self.aggregate = aggregate_function(aggregator, in_process)
     elif callable(getattr(aggregator, 'create', None)):
       self._factory = aggregator
       self._weighted = not (
@@ -244,8 +261,7 @@ class Round:
                       'or a tff.learning.optimizers.Optimizer, got '
                       f'{type(server_update).__name__}.')
     self.server_update = server_update
-    self._server_next = ((in_process and in_process_lib.process_next(server_update))
-                         or server_update.next)
+    self._server_next = _next_function(server_update, in_process)
     self._protocol, self._passes = protocol, None
     if protocol is not None:
       if self._factory is None or not self._weighted:
