@@ -9,6 +9,8 @@ import functools
 import numpy as np
 import tensorflow_federated as tff
 
+from tasks.simulation import in_process
+
 # An OrderedDict of tensors of different shapes holding a list, as TFF learning's
 # model weights do: p = 6 + 2 + 1 = 9 scalars.
 VALUE_TYPE = tff.types.to_type(collections.OrderedDict(
@@ -19,6 +21,7 @@ DIMENSION = 9
 NUM_CLIENTS = 10
 
 _PROCESSES = {}
+_FAST_NEXT = {}
 
 
 def process(key, build_factory):
@@ -26,6 +29,19 @@ def process(key, build_factory):
   if key not in _PROCESSES:
     _PROCESSES[key] = build_factory().create(VALUE_TYPE, WEIGHT_TYPE)
   return _PROCESSES[key]
+
+
+def fast_next(proc):
+  """`proc.next`, evaluated in this process (`tasks.simulation.in_process`) where it
+  can be: the same results as TFF's runtime, bit for bit, on every registry row
+  (tests/tasks/simulation/test_in_process.py), and 10–20× faster from the third call
+  on with tens of clients (slower for fewer calls or clients: the first calls
+  compile). For tests of an aggregate's properties over many calls of many clients;
+  tests of the runtime itself, of contexts and of secure sums (which this evaluation
+  refuses: TFF's runtime then runs them) call `proc.next`."""
+  if id(proc) not in _FAST_NEXT:
+    _FAST_NEXT[id(proc)] = (proc, in_process.process_next(proc) or proc.next)
+  return _FAST_NEXT[id(proc)][1]
 
 
 def built_in_the_test_context(build):

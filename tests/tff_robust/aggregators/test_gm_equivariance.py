@@ -16,6 +16,7 @@ import tensorflow_federated as tff
 
 from baselines import geometric_median as gathered
 from tasks import references
+from tests.helpers import aggregator_cases as cases
 import tff_robust
 
 FACTORIES = dict(
@@ -35,7 +36,7 @@ def run(factory, points, alphas=None):
     _PROCESSES[key] = FACTORIES[factory]().create(
         tff.TensorType(np.float32, [points.shape[1]]), tff.TensorType(np.float32))
   process = _PROCESSES[key]
-  output = process.next(process.initialize(),
+  output = cases.fast_next(process)(process.initialize(),
                         [p.astype(np.float32) for p in points],
                         [np.float32(a) for a in alphas])
   return np.asarray(output.result, np.float64), output.measurements
