@@ -45,6 +45,8 @@ CASES = ('steady', 'growing', 'shrinking', 'one_spike', 'spike_every_round',
 ARGUMENTS = ({}, {'multiple': 1.0, 'window': 1}, {'multiple': 3.5, 'window': 4})
 
 _PROCESSES = {}
+# One GM factory for every test: `_process` keys its inner factory by repr.
+_GM = tff_robust.GeometricMedianFactory()
 
 
 def _process(arguments, inner=None, driver='fused'):
@@ -56,6 +58,13 @@ def _process(arguments, inner=None, driver='fused'):
       factory = passwise.PasswiseFactory(factory)
     _PROCESSES[key] = factory.create(VALUE_TYPE, WEIGHT_TYPE)
   return _PROCESSES[key]
+
+
+def _plain_gm():
+  """`_GM`'s own process, created once."""
+  if 'plain_gm' not in _PROCESSES:
+    _PROCESSES['plain_gm'] = _GM.create(VALUE_TYPE, WEIGHT_TYPE)
+  return _PROCESSES['plain_gm']
 
 
 def _run(process, rounds_of_clients, weights=None):
@@ -106,9 +115,8 @@ class ReferenceTest(parameterized.TestCase):
 
   def test_pass_by_pass_equals_the_fused_process(self):
     clients = _clients_with_mean(_round_means('one_spike'))
-    inner = tff_robust.GeometricMedianFactory()
-    fused = _run(_process({}, inner), clients)
-    by_pass = _run(_process({}, inner, 'passwise'), clients)
+    fused = _run(_process({}, _GM), clients)
+    by_pass = _run(_process({}, _GM, 'passwise'), clients)
     for one, other in zip(fused, by_pass):
       np.testing.assert_allclose(other.result, one.result, rtol=1e-12)
       self.assertEqual(other.measurements['trust_scale'],
@@ -130,9 +138,8 @@ class CorruptedMajorityTest(parameterized.TestCase):
     corrupted = np.concatenate([honest_round(10 - num_corrupted),
                                 np.full((num_corrupted, DIMENSION), -1e6)])
     rounds = [honest_round() for _ in range(5)] + [corrupted, honest_round()]
-    gm = tff_robust.GeometricMedianFactory()
-    outputs = _run(_process({}, gm), rounds)
-    plain = _run(gm.create(VALUE_TYPE, WEIGHT_TYPE), rounds)
+    outputs = _run(_process({}, _GM), rounds)
+    plain = _run(_plain_gm(), rounds)
     honest_norms = [np.linalg.norm(o.result) for o in outputs[:5]]
     self.assertGreater(np.linalg.norm(plain[5].result), 1e5)  # The GM is theirs.
     self.assertLessEqual(np.linalg.norm(outputs[5].result),
@@ -160,8 +167,8 @@ class FactoryTest(parameterized.TestCase):
       trust_region.TrustRegionFactory(tff.aggregators.SumFactory())
 
   def test_state_and_measurement_types(self):
-    process = _process({}, tff_robust.GeometricMedianFactory())
-    inner = tff_robust.GeometricMedianFactory().create(VALUE_TYPE, WEIGHT_TYPE)
+    process = _process({}, _GM)
+    inner = _plain_gm()
     signature = process.next.type_signature
     self.assertEqual(signature.result.result, inner.next.type_signature.result.result)
     state = signature.result.state.member
