@@ -155,7 +155,7 @@ def _created(factory, value_type: tff.Type, weighted: bool, in_process: bool):
 
 
 def aggregate_function(aggregation: tff.templates.AggregationProcess,
-                        in_process: bool, factory=None, value_type=None):
+                       in_process: bool, factory=None, value_type=None):
   """What a round calls to aggregate: with `in_process`, a weighted aggregation
   evaluated here (a gathering baseline's server step on the updates held here,
   `tasks.simulation.gathered`: O(n·p) memory instead of TFF's ~8 copies; any other

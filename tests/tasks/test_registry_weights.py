@@ -48,7 +48,8 @@ ATTACKERS = dict(zip(UNUSABLE_WEIGHTS, (ATTACKER, 11, 13, 17)))
 
 
 def _every_unusable_weight(seed=0):
-  """`_inputs`, with one more far client for each other kind of unusable weight."""
+  """Honest clients, and for each kind of unusable weight one client reporting it
+  from a far point of its own."""
   x, weights = _inputs(0.0, seed)
   for i, (kind, client) in enumerate(ATTACKERS.items()):
     x[client] = 100.0 * (-1.0)**i * (1 + i)
@@ -77,7 +78,7 @@ class WeightRuleTest(cases.SecureSumContextMixin, parameterized.TestCase):
 
   @parameterized.parameters(*ROWS)
   def test_every_unusable_weight_drops_its_client_and_is_counted(self, name):
-    # All four kinds in one round: a kind that were kept would move the result (each
+    # All four kinds in one round: a kind that was kept would move the result (each
     # client is far away on its own side) or, flushed to 0, be missing from the count.
     process = _process(name)
     x, weights = _every_unusable_weight()
