@@ -196,7 +196,8 @@ def measure_one(name, num_clients, num_parameters, num_calls, path, *, worker_pi
       call = lambda client_seeds: computation(state, client_seeds)
     else:
       aggregate = (process.next if path == SIMULATION_TFF else
-                   rounds.aggregate_function(process, True, factory, value_type))
+                   rounds.aggregate_function(process, in_process=True, weighted=True,
+                                             factory=factory, value_type=value_type))
       call = lambda updates_and_weights: aggregate(state, *updates_and_weights)
   call(inputs())  # The measured aggregation when num_calls is 0; else untimed (tracing).
   seconds = []

@@ -149,19 +149,22 @@ def _created(factory, value_type: tff.Type, weighted: bool, in_process: bool):
   if key not in created:
     aggregation = (factory.create(value_type, tff.TensorType(np.float32))
                    if weighted else factory.create(value_type))
-    created[key] = (aggregation, aggregate_function(aggregation, in_process, factory,
-                                                     value_type))
+    created[key] = (aggregation, aggregate_function(
+        aggregation, in_process=in_process, weighted=weighted, factory=factory,
+        value_type=value_type))
   return created[key]
 
 
-def aggregate_function(aggregation: tff.templates.AggregationProcess,
-                       in_process: bool, factory=None, value_type=None):
-  """What a round calls to aggregate: with `in_process`, a weighted aggregation
-  evaluated here (a gathering baseline's server step on the updates held here,
-  `tasks.simulation.gathered`: O(n·p) memory instead of TFF's ~8 copies; any other
-  computation `tasks.simulation.in_process` can run); else, or where neither can,
-  TFF's runtime (`aggregation.next`)."""
-  if in_process and len(aggregation.next.type_signature.parameter) == 3:
+def aggregate_function(aggregation: tff.templates.AggregationProcess, *,
+                       in_process: bool, weighted: bool, factory=None,
+                       value_type=None):
+  """What a round calls to aggregate: with `in_process`, a `weighted` aggregation
+  (created by `factory` for `value_type`, if given) evaluated here (a gathering
+  baseline's server step on the updates held here, `tasks.simulation.gathered`:
+  O(n·p) memory instead of TFF's ~8 copies; any other computation
+  `tasks.simulation.in_process` can run); else, or where neither can, TFF's runtime
+  or the process's own driver (`aggregation.next`)."""
+  if in_process and weighted:
     evaluated = ((factory is not None and
                   gathered.in_process_aggregation(factory, value_type)) or
                  in_process_lib.aggregation(aggregation))
@@ -238,7 +241,8 @@ class Round:
     if isinstance(aggregator, tff.templates.AggregationProcess):
       self.aggregation = aggregator
       self._weighted = len(aggregator.next.type_signature.parameter) == 3
-      self.aggregate = aggregate_function(aggregator, in_process)
+      self.aggregate = aggregate_function(aggregator, in_process=in_process,
+                                          weighted=self._weighted)
     elif callable(getattr(aggregator, 'create', None)):
       self._factory = aggregator
       self._weighted = not (
