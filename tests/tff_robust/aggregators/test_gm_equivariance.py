@@ -37,8 +37,8 @@ def run(factory, points, alphas=None):
         tff.TensorType(np.float32, [points.shape[1]]), tff.TensorType(np.float32))
   process = _PROCESSES[key]
   output = cases.fast_next(process)(process.initialize(),
-                        [p.astype(np.float32) for p in points],
-                        [np.float32(a) for a in alphas])
+                                    [p.astype(np.float32) for p in points],
+                                    [np.float32(a) for a in alphas])
   return np.asarray(output.result, np.float64), output.measurements
 
 
