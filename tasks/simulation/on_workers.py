@@ -60,7 +60,8 @@ class WorkerRoundError(RuntimeError):
 class MergeableFedAvgClientWork:
   """`tasks.simulation.client_work.FedAvgClientWork` as one aggregation-free
   computation: every client's update, weight and unfinalized metrics stay at CLIENTS;
-  the metrics are summed over clients and finalized here (TFF's `sum_then_finalize`).
+  the metrics are summed over clients and finalized here, by TFF's
+  `sum_then_finalize` (`tff_robust.learning.client_update.metrics_aggregation`).
 
   Round metrics: `train_loss`, `train_accuracy`, as `FedAvgClientWork`'s.
 
@@ -104,20 +105,19 @@ class MergeableFedAvgClientWork:
                           tff.federated_broadcast(server_weights), client_data))
       return result.update, result.update_weight, unfinalized
 
-    unfinalized_type = client_update.type_signature.result[1]
+    # The clients' metrics summed and finalized here, as TFF's FedAvg does.
+    metrics_aggregation = client_update_lib.metrics_aggregation(task.model_fn)
 
-    @tff.tensorflow.computation(unfinalized_type)
-    def finalize(unfinalized):
-      # Keras finalizers create metric variables: they run traced, once, as in TFF.
-      finalizers = task.model_fn().metric_finalizers()
-      return collections.OrderedDict(
-          (name, finalizers[name](unfinalized[name])) for name in finalizers)
+    @tff.federated_computation(tff.FederatedType(
+        client_update.type_signature.result[1], tff.CLIENTS))
+    def aggregate_metrics(unfinalized):
+      return metrics_aggregation(unfinalized)
 
     if client_data is not None:
       client_step = tff.simulation.compose_dataset_computation_with_computation(
           client_data.dataset_computation, client_step)
     self._client_step = client_step
-    self._finalize_computation = finalize
+    self._aggregate_metrics = aggregate_metrics
     self._context = context
     self._client_data = client_data
     # Client id → the name of its data attack (None: clean); the simulation sets it.
@@ -137,7 +137,7 @@ class MergeableFedAvgClientWork:
       # In client order (`DistributedContext` returns the workers' shards in it).
       updates, weights, unfinalized = self._client_step(hparams, model_weights,
                                                         datasets)
-    metrics = self._finalize(unfinalized)
+    metrics = self._aggregate_metrics(unfinalized)
     return client_work_lib.ClientOutputs(
         updates=list(updates), weights=np.asarray(weights, np.float32),
         metrics=loop.Metrics(
@@ -166,17 +166,6 @@ class MergeableFedAvgClientWork:
               self.data_attack_of(client_id))),
           seed=np.int64(seed), seed2=np.int64(seed2)))
     return keys
-
-  def _finalize(self, per_client):
-    """Σ over clients (in client order, in the metrics' dtype), then finalize."""
-    totals = collections.OrderedDict()
-    for name in per_client[0]:
-      leaves = [tf.nest.flatten(client[name]) for client in per_client]
-      summed = [np.asarray(column[0]) for column in zip(*leaves)]
-      for row in leaves[1:]:
-        summed = [s + np.asarray(v, s.dtype) for s, v in zip(summed, row)]
-      totals[name] = tf.nest.pack_sequence_as(per_client[0][name], summed)
-    return self._finalize_computation(totals)
 
   def evaluate(self, state, trainable, client_ids) -> loop.Metrics:
     del state, trainable, client_ids

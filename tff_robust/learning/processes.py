@@ -24,7 +24,6 @@ import collections
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_robust.aggregators import geometric_median
@@ -283,10 +282,8 @@ class PasswiseLearningNext:
     update_type = weights_type.trainable
     if model_distributor is None:
       model_distributor = tff.learning.templates.build_broadcast_process(weights_type)
-    if metrics_aggregator is None:
-      metrics_aggregator = tff.learning.metrics.sum_then_finalize
-    with tf.Graph().as_default():  # As TFF: no variables in the global graph.
-      metrics_aggregation_fn = metrics_aggregator(model_fn().metric_finalizers())
+    metrics_aggregation_fn = client_update_lib.metrics_aggregation(
+        model_fn, metrics_aggregator)
     finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
         server_optimizer_fn, weights_type)
 
