@@ -234,8 +234,9 @@ class DifferentiallyPrivateInnerMeanTest(parameterized.TestCase):
     zeros = collections.OrderedDict(
         kernel=np.zeros((4, 3), np.float32), bias=np.zeros(3, np.float32))
     state, draws = process.initialize(), []
+    next_fn = aggregator_cases.fast_next(process)  # 40 calls of 20 clients.
     for _ in range(40):
-      output = process.next(state, [zeros] * num_clients, [np.float32(1)] * num_clients)
+      output = next_fn(state, [zeros] * num_clients, [np.float32(1)] * num_clients)
       state = output.state
       draws.append(np.concatenate([np.ravel(output.result[k]) for k in zeros]))
     observed = np.std(np.stack(draws))
