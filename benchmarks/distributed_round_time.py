@@ -9,11 +9,11 @@ computation split over the workers, then every RFA pass as one computation split
 over them (`tff_robust.distributed.passwise`), each of two ways:
 
 *   `datasets`: the driver sends every client's dataset with every round, and every
-    client's update with every aggregation call (before issue 39);
+    client's update with every aggregation call (`data_on_workers=False`);
 *   `ids_resent`: the workers build their clients' datasets by client id from an
     export of the task's data (`tasks.simulation.worker_data`); the driver sends
     ids, and every client's update with every aggregation call
-    (`DistributedContext(keep_round_values=False)`: before the updates were kept);
+    (`DistributedContext(keep_round_values=False)`);
 *   `ids`: ids, and each worker receives its clients' updates once per round and
     keeps them for the round's aggregation calls (`keep_round_values=True`, the
     default).

@@ -1,5 +1,5 @@
-r"""Accuracy and robustness of RFA against clients leaving between its secure sums
-(issue 54), on the main job's task.
+r"""Accuracy and robustness of RFA against clients leaving between its secure sums,
+on the main job's task.
 
   .venv/bin/python -m benchmarks.dropout_curve [--rates=0,0.05,0.1,0.2,0.3]
       [--attacks=none,omniscient] [--rho=0.1] [--results=results/dropout_curves.md]

@@ -7,7 +7,7 @@ median (Weiszfeld to convergence):
 
 *   Geometry: honest clients N(c, I) in d = 10 (100 clients), corrupted ones at a
     geometry of their own; the distance of each result to the honest mean in honest
-    RMS spreads s, and the worst ratio to the issue's bound 2 × exact + 0.1 s over the
+    RMS spreads s, and the worst ratio to the bound 2 × exact + 0.1 s over the
     breakdown grid (ρ ∈ {0.1, 0.25, 0.4} × 5 geometries × shifts {0, 10, 100} s).
 *   Real updates: EMNIST-linear deltas of 20 bundled clients
     (`benchmarks.gm_start_point`), clean and with 5 corrupted (omniscient, ×100,

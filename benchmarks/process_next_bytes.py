@@ -1,5 +1,5 @@
-r"""The bytes a learning process's `next` sends to and receives from each worker (issue
-54): RFA's process on mutual-TLS local workers, per computation and worker.
+r"""The bytes a learning process's `next` sends to and receives from each worker: RFA's
+process on mutual-TLS local workers, per computation and worker.
 
   .venv/bin/python -m benchmarks.process_next_bytes [--workers=2] [--merge=driver]
 

@@ -1,7 +1,7 @@
 r"""What a client's reported weight buys it, with and without the robust weight cap,
 and what the cap costs honest clients (docs/aggregators.md, "Threat model").
 
-Part 1, the weight attack (issue 56's measurement): 19 honest clients at
+Part 1, the weight attack: 19 honest clients at
 1 + 0.5·N(0, 1) in each of d = 100 coordinates, weight 1 each, and one client at −10 in
 every coordinate claiming weight 1, 19 (half of the total), 100 or 1e4. The table is
 ‖result − m‖ / ‖m‖, m the honest clients' coordinate-wise median, for the registry's

@@ -1,10 +1,10 @@
-r"""What the workers' forwarder costs (issue 39): a model-sized value's round trip to a
+r"""What the workers' forwarder costs: a model-sized value's round trip to a
 worker directly, through the forwarder without TLS, and through it with mutual TLS.
 
   .venv/bin/python -m benchmarks.worker_tls_overhead [--megabytes=25] [--repeats=7]
 
 Runs in a private network namespace of its own (entered before anything else), so the
-direct worker_binary, which listens on every interface as before issue 39, is
+direct worker_binary, which listens on every interface, is
 reachable from this process only. Three workers, each with its own
 `DistributedContext`:
 

@@ -228,7 +228,8 @@ class DistributedSimulation(loop.Simulation):
   sampled, to `client_data_dir` (default a new temporary directory, which workers
   on this machine read; workers on other machines need it at the same path, see
   `worker_data`), and the driver sends client ids. `data_on_workers=False` sends
-  every client's dataset with every round (the path before issue 39).
+  every client's dataset with every round (for workers that cannot read the
+  export).
 
   Raises (from `run_round`):
     WorkerRoundError: a worker failed or became unreachable during the round.

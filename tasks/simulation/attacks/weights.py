@@ -17,7 +17,8 @@ from tasks import references
 from tasks.simulation.attacks import base
 
 DEFAULT_UPDATE_ATTACK = 'ipm'
-# The far point of the measurement: −10 × the honest mean.
+# The far point of the weight-attack benchmark (benchmarks.weight_attacks): −10 ×
+# the honest mean.
 DEFAULT_UPDATE_PARAMS = {'epsilon': 10.0}
 
 
