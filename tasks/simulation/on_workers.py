@@ -32,7 +32,6 @@ import ipaddress
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import registry
