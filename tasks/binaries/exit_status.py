@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 
 from absl import app
 
+from tff_robust.common import teardown
 from tff_robust.distributed import runtime
 
 FLAGS_OR_OTHER_RUN = 1
@@ -264,6 +265,7 @@ def _exit_at_once(code) -> None:
   else:
     print(code, file=sys.stderr)  # As sys.exit prints a message.
     status = 1
+  teardown.skip_disarming_at_exit()
   atexit._run_exitfuncs()  # pylint: disable=protected-access
   logging.shutdown()
   sys.stdout.flush()

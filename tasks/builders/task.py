@@ -9,7 +9,6 @@ The built-in tasks come from `tasks.builders.build_task`; a task of your own is 
 `--task=package.module:function` (`tasks.builders.user_tasks`, docs/tasks.md).
 """
 
-import atexit
 import dataclasses
 from typing import Any, Callable, Mapping, Optional, Union
 
@@ -25,7 +24,7 @@ from tff_robust.common import tff_private
 # Importing this module moves TFF's finalizer of its idle local worker manager late
 # enough in the interpreter's teardown to fail ("Exception ignored ... 'Popen'"):
 # disarmed at exit (`tff_robust.common.teardown`).
-atexit.register(teardown.disarm_idle_managers)
+teardown.disarm_idle_managers_at_exit()
 
 
 

@@ -26,7 +26,6 @@ that moved or changed, the import here and its users; where a name became public
 (`tff.framework`, `tff.types`, `tff.structure`), prefer it and drop the import.
 """
 
-import atexit
 import random
 
 import tensorflow_federated as tff
@@ -82,7 +81,7 @@ from tensorflow_federated.proto.v0 import executor_pb2
 # (the geometric median's, tasks.builders.task) can move it there, as a plain TFF
 # script's imports can: disarmed at exit, before the teardown. Every factory of
 # tff_robust imports this module (`tff_robust.common.secure_sums`).
-atexit.register(teardown.disarm_idle_managers)
+teardown.disarm_idle_managers_at_exit()
 
 
 # Private fields and functions of TensorFlow's and TFF's objects: read or set here

@@ -88,7 +88,8 @@ def stop_worker_binaries(timeout: float = 5.0) -> None:
   for pid in [pid for pid in pids if not reap(pid, deadline)[0]]:
     _signal(pid, signal.SIGKILL)
     reap(pid)
-  _forget_stopped_workers()
+  if pids:  # Else no manager holds a worker (the walk costs ~0.2–0.5 s).
+    _forget_stopped_workers()
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -1,5 +1,6 @@
-"""tasks.binaries.train --workers: the same metrics.csv as in one process; a worker
-killed mid-round stops the run with a clear error, and the rerun resumes."""
+"""tasks.binaries.train --workers: a worker stopped or killed mid-round stops the run
+with a clear error, the rerun resumes, and the finished run's metrics.csv is the one
+process's."""
 
 import csv
 import os
@@ -77,84 +78,84 @@ def reference(tmp_path_factory):
   return _rows(root)
 
 
-def test_three_rounds_on_two_workers_write_the_single_process_metrics(
-    reference, tmp_path):
-  with distributed.LocalWorkers(2) as workers:
-    result = _run(str(tmp_path), rounds=3, workers=workers.addresses)
-    pids = workers.pids
-  assert not processes.running(pids)
-  assert result.returncode == 0, result.stderr[-3000:]
-  _assert_same_rows(_rows(str(tmp_path)), reference)
+def _watch_children(child, seen_children):
+  """Adds the driver's worker_binary and launcher processes to `seen_children`."""
+  seen_children.update(processes.worker_children(child.pid))
+  for launcher in processes.worker_launchers(child.pid):  # The driver's own.
+    seen_children.update([launcher, *processes.worker_children(launcher)])
 
 
-@pytest.mark.parametrize('failure', ['killed', 'stopped'])
-def test_a_failed_worker_stops_the_round_and_the_rerun_resumes(
-    failure, reference, tmp_path):
-  # Stopped (SIGSTOP: its connections stay open) is issue 54's: before, the driver
-  # waited for as long as it was watched. Now no probe is answered and the round
-  # fails within the timeout + worker_connection.PROBE_INTERVAL.
-  root = str(tmp_path)
+def _fail_a_worker_after(root, finished, failure, workers, seen_children):
+  """Starts the binary, makes worker 1 fail (`failure`: 'stopped' or 'killed') once
+  `finished` rounds are in metrics.csv, and returns the binary's stderr and the
+  seconds from the failure to its exit."""
   metrics = os.path.join(root, 'run', 'metrics.csv')
-  seen_children = set()
-  with distributed.LocalWorkers(2) as workers:
-    # A killed worker stays down: the round fails once it was unreachable for the
-    # timeout, and the run ends soon after.
-    child = subprocess.Popen(_command(
-        root, 3, workers.addresses,
-        f'--worker_unavailable_timeout={UNAVAILABLE_TIMEOUT_SECONDS}'), cwd=_REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, env=processes.quiet_env())
-    try:
-      deadline = time.monotonic() + 600
-      # Round 0 finished: its row is written; kill a worker while round 1 runs.
-      while not (os.path.exists(metrics) and len(_rows(root)) >= 1):
-        assert child.poll() is None, child.stderr.read()[-3000:]
-        assert time.monotonic() < deadline
-        seen_children.update(processes.worker_children(child.pid))
-        for launcher in processes.worker_launchers(child.pid):  # The driver's own.
-          seen_children.update([launcher, *processes.worker_children(launcher)])
-        time.sleep(0.05)
-      killed = time.monotonic()
-      if failure == 'killed':
-        workers.kill(1)
-      else:
-        os.kill(workers.pids[1], signal.SIGSTOP)
-      try:
-        _, stderr = child.communicate(timeout=300)
-      finally:
-        if failure == 'stopped':
-          os.kill(workers.pids[1], signal.SIGCONT)
-      kill_to_exit = time.monotonic() - killed
-    finally:
-      if child.poll() is None:
-        child.kill()
-        child.wait()
-    assert child.returncode == 3, stderr[-3000:]
-    failed = re.search(r'ERROR: Round (\d+) failed: TFF worker (\S+):', stderr)
-    assert failed, stderr[-3000:]
-    assert failed.group(2) == workers.addresses[1]
-    # One line, no traceback (issue 54: two of gRPC's closed channel).
-    assert stderr.count('ERROR:') == 1 and 'Traceback' not in stderr, stderr[-3000:]
-    if failure == 'stopped':
-      assert 'stopped answering' in failed.string
-    # Every finished round is kept: the rows are exactly the rounds before the failure.
-    assert [r['round'] for r in _rows(root)] == [
-        str(r) for r in range(int(failed.group(1)))]
-
+  child = subprocess.Popen(_command(
+      root, 3, workers.addresses,
+      f'--worker_unavailable_timeout={UNAVAILABLE_TIMEOUT_SECONDS}'), cwd=_REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, env=processes.quiet_env())
+  try:
+    deadline = time.monotonic() + 600
+    while not (os.path.exists(metrics) and len(_rows(root)) >= finished):
+      assert child.poll() is None, child.stderr.read()[-3000:]
+      assert time.monotonic() < deadline
+      _watch_children(child, seen_children)
+      time.sleep(0.05)
+    failed_at = time.monotonic()
     if failure == 'killed':
-      workers.restart(1)
+      workers.kill(1)  # It stays down: the round fails after the timeout.
+    else:
+      os.kill(workers.pids[1], signal.SIGSTOP)  # Connected, answering no probe.
+    try:
+      _, stderr = child.communicate(timeout=300)
+    finally:
+      if failure == 'stopped':
+        os.kill(workers.pids[1], signal.SIGCONT)
+    return child.returncode, stderr, time.monotonic() - failed_at
+  finally:
+    if child.poll() is None:
+      child.kill()
+      child.wait()
+
+
+def test_a_failed_worker_stops_the_round_and_each_rerun_resumes(reference, tmp_path):
+  """Worker 1 stopped (SIGSTOP) in round 1, then killed in round 2 of the rerun: each
+  run exits with one line naming the worker and keeps its finished rounds; the last
+  rerun finishes, and every round, each computed on the workers, equals the single
+  process's."""
+  root = str(tmp_path)
+  seen_children = set()
+  exits = {}
+  with distributed.LocalWorkers(2) as workers:
+    for finished, failure in enumerate(('stopped', 'killed'), start=1):
+      status, stderr, exits[failure] = _fail_a_worker_after(
+          root, finished, failure, workers, seen_children)
+      assert status == 3, stderr[-3000:]
+      failed = re.search(r'ERROR: Round (\d+) failed: TFF worker (\S+):', stderr)
+      assert failed, stderr[-3000:]
+      assert failed.group(2) == workers.addresses[1]
+      assert int(failed.group(1)) == finished, stderr[-3000:]
+      # One line, no traceback (gRPC's closed channel once printed two).
+      assert stderr.count('ERROR:') == 1 and 'Traceback' not in stderr, stderr[-3000:]
+      if failure == 'stopped':
+        assert 'stopped answering' in failed.string
+      # Every finished round is kept: the rows are exactly the rounds before.
+      assert [r['round'] for r in _rows(root)] == [str(r) for r in range(finished)]
+    workers.restart(1)
     rerun_start = time.monotonic()
     result = _run(root, rounds=3, workers=workers.addresses)
     rerun_seconds = time.monotonic() - rerun_start
     assert result.returncode == 0, result.stderr[-3000:]
+    pids = workers.pids
+  for failure, exit_seconds in exits.items():
     detection = UNAVAILABLE_TIMEOUT_SECONDS + (
         worker_connection.PROBE_INTERVAL if failure == 'stopped' else 0)
-    print(f'MEASURED {failure}: the exit {kill_to_exit:.1f} s after, the rerun '
+    print(f'MEASURED {failure}: the exit {exit_seconds:.1f} s after, the rerun '
           f'{rerun_seconds:.1f} s')
-    assert kill_to_exit < detection + rerun_seconds, (
-        f'{kill_to_exit:.1f} s from the {failure} worker to the exit; the rerun took '
-        f'{rerun_seconds:.1f} s\n{stderr[-3000:]}')
-    pids = workers.pids
+    assert exit_seconds < detection + rerun_seconds, (
+        f'{exit_seconds:.1f} s from the {failure} worker to the exit; the rerun took '
+        f'{rerun_seconds:.1f} s')
   assert not processes.running(pids)
   assert not processes.running(seen_children)
   _assert_same_rows(_rows(root), reference)
