@@ -283,10 +283,11 @@ def test_help_prints_no_tensorflow_lines():
 
 
 @pytest.mark.parametrize('sig, status', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_an_interrupted_run_ends_with_one_line_saying_where(tmp_path, sig, status):
+def test_an_interrupted_run_ends_with_one_line_saying_where_and_stops_its_workers(
+    tmp_path, sig, status):
   child = subprocess.Popen(
       [sys.executable, '-m', 'tasks.binaries.train', '--rounds=500',
-       f'--root_output_dir={tmp_path}'] + _argv(**dict(_SMALL_RUN, aggregator='mean'))[1:],
+       f'--root_output_dir={tmp_path}'] + _argv(**_SMALL_RUN)[1:],
       cwd=_REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
       env=processes.quiet_env())
   metrics = tmp_path / 'run' / metrics_file.METRICS_FILE
@@ -295,6 +296,8 @@ def test_an_interrupted_run_ends_with_one_line_saying_where(tmp_path, sig, statu
     while not (metrics.exists() and metrics.read_text().count('\n') >= 3):
       assert child.poll() is None, child.stderr.read().decode()[-2000:]
       time.sleep(0.05)
+    workers = processes.worker_children(child.pid)
+    assert workers, 'the binary should run a TFF worker_binary'
     child.send_signal(sig)
     stderr = child.communicate(timeout=120)[1].decode()
   finally:
@@ -307,30 +310,4 @@ def test_an_interrupted_run_ends_with_one_line_saying_where(tmp_path, sig, statu
   assert last, stderr[-2000:]
   # A checkpoint being written when the signal came may be finished after the line.
   assert 0 <= int(last.group(1)) < checkpoints.finished_rounds(str(tmp_path / 'run'))
-
-
-def test_terminated_binary_leaves_no_worker_binary(tmp_path):
-  """SIGTERM during training ends the binary and its TFF workers, keeping the
-  finished rounds."""
-  child = subprocess.Popen(
-      [sys.executable, '-m', 'tasks.binaries.train', '--rounds=500',
-       f'--root_output_dir={tmp_path}'] + _argv(**_SMALL_RUN)[1:],
-      cwd=_REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-      env=processes.quiet_env())
-  metrics = tmp_path / 'run' / metrics_file.METRICS_FILE
-  try:
-    deadline = time.monotonic() + 300
-    # Round 1's row: round 0 is checkpointed (SIGTERM exits at once, as SIGKILL would).
-    while not (metrics.exists() and metrics.read_text().count('\n') >= 3):
-      assert child.poll() is None, child.stderr.read().decode()[-2000:]
-      assert time.monotonic() < deadline, 'no round finished in time'
-      time.sleep(0.2)
-    workers = processes.worker_children(child.pid)
-    assert workers, 'the binary should run a TFF worker_binary'
-    child.send_signal(signal.SIGTERM)
-    assert child.wait(timeout=120) == 128 + signal.SIGTERM
-  finally:
-    if child.poll() is None:
-      child.kill()
-  assert not processes.running(workers)
-  assert checkpoints.finished_rounds(str(tmp_path / 'run')) >= 1
+  assert not processes.running(workers)  # The binary's TFF workers ended with it.

@@ -11,6 +11,7 @@ authenticated (mutual TLS) workers, and personalized RFA's aggregation.
 """
 
 import asyncio
+import functools
 import importlib.util
 import os
 import re
@@ -117,6 +118,13 @@ PROCESSES = {
 }
 
 
+@functools.cache
+def _built(name):
+  """The learning process `name`, built once per test process (a build traces the
+  client update and the aggregation: seconds)."""
+  return PROCESSES[name][0]()
+
+
 def _two_rounds(process):
   state, outputs = process.initialize(), []
   for seed in (1, 2):
@@ -139,8 +147,7 @@ ON_WORKERS = ('rfa_options', 'one_step_rfa_paper', 'gma')
 
 @pytest.mark.parametrize('name', ON_WORKERS)
 def test_two_workers_equal_one_process(name, context):
-  build, mergeable = PROCESSES[name]
-  process = build()
+  process, mergeable = _built(name), PROCESSES[name][1]
   assert isinstance(process, tff.learning.templates.LearningProcess)
   expected = _two_rounds(process)
   with tff.framework.get_context_stack().install(context):
@@ -172,7 +179,7 @@ _STATE_CONTAINERS = {
 def test_the_pass_by_pass_round_equals_the_single_computation_in_one_process(
     name, container):
   # Same TF code in one process: equal to rounding, without workers.
-  process = PROCESSES[name][0]()
+  process = _built(name)
   state = process.initialize()
   data = client_datasets(3)
   want = process.next(state, data)
@@ -294,7 +301,7 @@ def worker_image(tmp_path):
 
 def test_rfa_on_authenticated_workers_equals_one_process(deployment, worker_image,
                                                          tmp_path):
-  process = PROCESSES['rfa'][0]()
+  process = _built('rfa')
   expected = _two_rounds(process)
   ports = [portpicker.pick_unused_port() for _ in range(2)]
   logs = [str(tmp_path / f'worker_{port}.log') for port in ports]
