@@ -106,10 +106,12 @@ print(json.dumps(found))
 _HASH_SEEDS = {'train': '1', 'sweep': '2', 'main_job': '3', 'leaderboard': '4'}
 
 
-def _run(code, *args, hash_seed='0'):
+def _run(code, *args, hash_seed=None):
+  env = processes.quiet_env()
+  if hash_seed is not None:
+    env['PYTHONHASHSEED'] = hash_seed
   result = subprocess.run([sys.executable, '-c', code, *args], cwd=processes.REPOSITORY,
-                          capture_output=True, text=True, timeout=600,
-                          env=dict(processes.quiet_env(), PYTHONHASHSEED=hash_seed))
+                          capture_output=True, text=True, timeout=600, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout.strip().splitlines()[-1]
 

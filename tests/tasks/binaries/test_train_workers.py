@@ -87,8 +87,8 @@ def _watch_children(child, seen_children):
 
 def _fail_a_worker_after(root, finished, failure, workers, seen_children):
   """Starts the binary, makes worker 1 fail (`failure`: 'stopped' or 'killed') once
-  `finished` rounds are in metrics.csv, and returns the binary's stderr and the
-  seconds from the failure to its exit."""
+  `finished` rounds are in metrics.csv, and returns the binary's exit status, its
+  stderr and the seconds from the failure to its exit."""
   metrics = os.path.join(root, 'run', 'metrics.csv')
   child = subprocess.Popen(_command(
       root, 3, workers.addresses,
