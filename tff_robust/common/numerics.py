@@ -84,16 +84,14 @@ def _rescaled_norm(tensors):
   largest = tf.reduce_max(tf.stack(
       [tf.cast(tf.reduce_max(tf.abs(t)), tf.float64) for t in tensors]))
 
-  def in_own_dtype():
-    return _sqrt_of_sum([tf.reduce_sum(tf.square(tf.math.divide_no_nan(
-        t, tf.cast(largest, t.dtype)))) for t in tensors])
-
-  def in_float64():
-    # A denormal float32 largest entry is flushed to zero by TensorFlow's kernels.
-    return _sqrt_of_sum([tf.reduce_sum(tf.square(tf.math.divide_no_nan(
-        tf.cast(t, tf.float64), largest))) for t in tensors])
-
-  return largest * tf.cond(largest < FLOAT32_TINY, in_float64, in_own_dtype)
+  in_own_dtype = _sqrt_of_sum([tf.reduce_sum(tf.square(tf.math.divide_no_nan(
+      t, tf.cast(largest, t.dtype)))) for t in tensors])
+  # A denormal float32 largest entry is flushed to zero by TensorFlow's kernels.
+  in_float64 = _sqrt_of_sum([tf.reduce_sum(tf.square(tf.math.divide_no_nan(
+      tf.cast(t, tf.float64), largest))) for t in tensors])
+  # Both are computed (this runs only for an out-of-range norm) and one is kept: a
+  # `tf.cond` nested in the caller's would trace two more branch graphs per norm.
+  return largest * tf.where(largest < FLOAT32_TINY, in_float64, in_own_dtype)
 
 
 def is_all_finite(structure):

@@ -38,30 +38,52 @@ def _python(program, **kwargs):
                         timeout=120, env=processes.quiet_env(), **kwargs)
 
 
-def test_import_leaves_signal_handlers_and_exit_hooks_alone():
-  result = _python(textwrap.dedent('''
-      import atexit, signal
-      def mine(signum, frame): pass
-      signal.signal(signal.SIGTERM, mine)
-      import tensorflow_federated  # Registers exit hooks of its own.
-      before = atexit._ncallbacks()
-      import tff_robust
-      print(signal.getsignal(signal.SIGTERM) is mine, atexit._ncallbacks() == before)
-  '''), check=True)
-  assert result.stdout.split()[-2:] == ['True', 'True'], result.stderr
+# One program imports the package and the modules that load TFF, and reports what
+# the three tests below check (one TensorFlow import, not one a test).
+IMPORTING = textwrap.dedent('''
+    import atexit, signal
+    def mine(signum, frame): pass
+    signal.signal(signal.SIGTERM, mine)
+    import tensorflow_federated  # Registers exit hooks of its own.
+    before = atexit._ncallbacks()
+    import tff_robust
+    print('KEPT', signal.getsignal(signal.SIGTERM) is mine, atexit._ncallbacks() == before)
+    print('LISTED', set(dir(tff_robust)) >= {'distributed', 'passwise',
+                                             'GeometricMedianFactory'})
+    print('LOADED', tff_robust.distributed.LocalWorkers.__module__,
+          tff_robust.passwise.PasswiseFactory.__module__)
+    import tff_robust.distributed.distributed_context
+    import tff_robust.learning.processes
+    import tff_robust.aggregators.geometric_median
+    import tasks.builders.task
+''')
 
 
-def test_importing_the_modules_prints_nothing_at_exit():
+@pytest.fixture(scope='module')
+def importing():
+  return _python(IMPORTING, check=True, cwd=processes.REPOSITORY)
+
+
+def _reported(result, key):
+  return next(line.split()[1:] for line in result.stdout.splitlines()
+              if line.startswith(key + ' '))
+
+
+def test_import_leaves_signal_handlers_and_exit_hooks_alone(importing):
+  assert _reported(importing, 'KEPT') == ['True', 'True'], importing.stderr
+
+
+def test_importing_the_modules_prints_nothing_at_exit(importing):
   # TFF's finalizer of its idle local worker manager ran late in the teardown, where
   # `subprocess` is None: "Exception ignored ... 'NoneType' object has no attribute
-  # 'Popen'" at exit. One process imports each module that loads TFF (one TensorFlow
-  # import, not one a module).
-  modules = ('tff_robust.distributed.distributed_context',
-             'tff_robust.learning.processes', 'tff_robust.aggregators.geometric_median',
-             'tasks.builders.task')
-  result = _python('\n'.join(f'import {module}' for module in modules), check=True,
-                   cwd=processes.REPOSITORY)
-  assert 'Exception ignored' not in result.stderr, result.stderr
+  # 'Popen'" at exit.
+  assert 'Exception ignored' not in importing.stderr, importing.stderr
+
+
+def test_lazily_loaded_modules_are_package_attributes(importing):
+  assert _reported(importing, 'LISTED') == ['True'], importing.stderr
+  assert _reported(importing, 'LOADED') == ['tff_robust.distributed.local_workers',
+                                            'tff_robust.distributed.passwise']
 
 
 def test_default_sigterm_handler_stays_default_after_import():
@@ -80,17 +102,6 @@ def test_the_worker_module_is_not_imported_before_it_runs_as_main():
       env=dict(processes.quiet_env(), PYTHONWARNINGS='default'))
   assert '--helpfull' in result.stdout  # The worker_binary's own help: it ran.
   assert 'RuntimeWarning' not in result.stderr, result.stderr
-
-
-def test_lazily_loaded_modules_are_package_attributes():
-  result = _python('import tff_robust\n'
-                   'print(tff_robust.distributed.LocalWorkers.__module__,\n'
-                   '      tff_robust.passwise.PasswiseFactory.__module__)', check=True)
-  assert result.stdout.split()[-2:] == ['tff_robust.distributed.local_workers',
-                                        'tff_robust.distributed.passwise']
-  listed = _python('import tff_robust; print(set(dir(tff_robust)) >= '
-                   '{"distributed", "passwise", "GeometricMedianFactory"})', check=True)
-  assert listed.stdout.split()[-1] == 'True', listed.stderr
 
 
 def test_workers_stop_when_the_block_ends():
