@@ -254,14 +254,12 @@ class _Tampering:
                                               client_alpha)
         else:
           tampered = attack.sum_contribution(name, contribution, client_alpha)
-        honest = contribution
-        contribution = tf.cond(corrupted, lambda: tampered, lambda: honest)
+        contribution = _where(corrupted, tampered, contribution)
       refused = tf.constant(0, tf.int32)
       if bounds:
         admitted = bound.admits(contribution, client_alpha, *client_context)
-        kept = contribution
-        contribution = tf.cond(admitted, lambda: kept, lambda: tf.nest.map_structure(
-            tf.zeros_like, kept))
+        contribution = _where(admitted, contribution,
+                              tf.nest.map_structure(tf.zeros_like, contribution))
         refused = tf.cast(tf.logical_not(admitted), tf.int32)
       return contribution, refused
 
@@ -274,6 +272,12 @@ class _Tampering:
     if bounds:
       self._refused.append(sent[1])
     return sent[0]
+
+
+def _where(condition, if_true, if_false):
+  """`if_true` or `if_false` (structures of one shape) by a scalar `condition`: both
+  are computed anyway, and a selection traces no branch graphs, as `tf.cond` does."""
+  return tf.nest.map_structure(lambda a, b: tf.where(condition, a, b), if_true, if_false)
 
 
 def _sum_of_flags(count: int):
