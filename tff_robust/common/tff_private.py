@@ -8,7 +8,8 @@ against. What needs them: the in-process evaluation of TFF computations
 (`tff_robust.distributed.distributed_context` and its `worker_connection`,
 `resident_values`, `local_workers`), the client update of TFF's model-delta client
 work (`tff_robust.learning.processes`), the original TFF RFA baseline
-(`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`), TFF's
+(`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`), AutoGraph's
+conversion rules while tracing TFF's client work (`tasks.simulation.client_work`), TFF's
 distributed DP sum (`tff_robust.aggregators.privacy`, not exported by 0.87), telling the
 contexts that cannot run secure sums (`tff_robust.common.secure_sums`), and a few
 tests.
