@@ -200,22 +200,14 @@ class FedAvgClientWork(ProcessClientWork):
 
 
 def _model_delta_client_work(model_fn) -> tff.learning.templates.ClientWorkProcess:
-  """TFF's model-delta client work (SGD, example-count weights), traced with
-  AutoGraph converting only the TFF functions that need it
-  (`tff_private.autograph_converting_little_of_tff`: the same graph, 1.6 CPU-seconds
-  less a process); again with every function converted for a model whose TFF code
-  branches on tensors elsewhere."""
-  def build():
-    # The learning rate here is a placeholder: `train` sets the round's rate.
-    return tff.learning.templates.build_model_delta_client_work(
-        model_fn, tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-        tff.learning.ClientWeighting.NUM_EXAMPLES, loop_implementation=SIMULATION_LOOP)
-
-  try:
-    with tff_private.autograph_converting_little_of_tff():
-      return build()
-  except tf.errors.OperatorNotAllowedInGraphError:
-    return build()
+  """TFF's model-delta client work (SGD, example-count weights), traced with little
+  AutoGraph (`tff_private.traced_with_little_autograph`: the same graph)."""
+  # The learning rate here is a placeholder: `train` sets the round's rate.
+  return tff_private.traced_with_little_autograph(
+      lambda: tff.learning.templates.build_model_delta_client_work(
+          model_fn, tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+          tff.learning.ClientWeighting.NUM_EXAMPLES,
+          loop_implementation=SIMULATION_LOOP))
 
 
 # Tracing the client work takes seconds and a sweep runs dozens of simulations of one

@@ -40,6 +40,7 @@ from tasks.simulation import client_work as client_work_lib
 from tasks.simulation import loop
 from tasks.simulation import worker_data
 from tff_robust import distributed
+from tff_robust.common import tff_private
 from tff_robust.distributed import passwise
 from tff_robust.learning import client_update as client_update_lib
 
@@ -82,18 +83,23 @@ class MergeableFedAvgClientWork:
     self._shuffles = task.client_spec.shuffle_buffer_size > 1
     loop_implementation = client_work_lib.SIMULATION_LOOP
     optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
-    # TFF's process, for its initial hyperparameters and types (never run).
-    reference = tff.learning.templates.build_model_delta_client_work(
-        task.model_fn, optimizer, weighting)
+
+    def trace():
+      # TFF's process, for its initial hyperparameters and types (never run).
+      reference = tff.learning.templates.build_model_delta_client_work(
+          task.model_fn, optimizer, weighting)
+      # TFF's own FedAvg client update: distributed training is numerically FedAvg's.
+      return reference, client_update_lib.fedavg_client_update(
+          task.model_fn, optimizer, weighting, loop_implementation,
+          reference.initialize.type_signature.result.member,
+          reference.next.type_signature.parameter[1].member,
+          reference.next.type_signature.parameter[2].member)
+
+    reference, client_update = tff_private.traced_with_little_autograph(trace)
     self._hparams = reference.initialize()
     hparams_type = reference.initialize.type_signature.result.member
     weights_type = reference.next.type_signature.parameter[1].member
     data_type = reference.next.type_signature.parameter[2].member
-
-    # TFF's own FedAvg client update: distributed training is numerically FedAvg's.
-    client_update = client_update_lib.fedavg_client_update(
-        task.model_fn, optimizer, weighting, loop_implementation, hparams_type,
-        weights_type, data_type)
 
     @tff.federated_computation(tff.FederatedType(hparams_type, tff.SERVER),
                                tff.FederatedType(weights_type, tff.SERVER),

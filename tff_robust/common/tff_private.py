@@ -8,11 +8,11 @@ against. What needs them: the in-process evaluation of TFF computations
 (`tff_robust.distributed.distributed_context` and its `worker_connection`,
 `resident_values`, `local_workers`), the client update of TFF's model-delta client
 work (`tff_robust.learning.processes`), the original TFF RFA baseline
-(`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`), AutoGraph's
-conversion rules while tracing TFF's client work (`tasks.simulation.client_work`), TFF's
-distributed DP sum (`tff_robust.aggregators.privacy`, not exported by 0.87), telling the
-contexts that cannot run secure sums (`tff_robust.common.secure_sums`), and a few
-tests.
+(`baselines.wrappers`), seeding the eager context (`tasks.simulation.loop`),
+AutoGraph's conversion rules while tracing TFF's client work
+(`tasks.simulation.client_work`, `tasks.simulation.on_workers`), TFF's distributed DP
+sum (`tff_robust.aggregators.privacy`, not exported by 0.87), telling the contexts
+that cannot run secure sums (`tff_robust.common.secure_sums`), and a few tests.
 
 The private fields and functions of their objects (the eager context's seed, a
 dataset's shuffle seeds, TFF's mergeable-context steps and remote executors) are
@@ -27,9 +27,9 @@ that moved or changed, the import here and its users; where a name became public
 (`tff.framework`, `tff.types`, `tff.structure`), prefer it and drop the import.
 """
 
-import contextlib
 import random
 
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_robust.common import teardown
@@ -143,27 +143,33 @@ _TFF_MODULES_WITH_TENSOR_CONTROL_FLOW = (
 )
 
 
-@contextlib.contextmanager
-def autograph_converting_little_of_tff():
-  """Within the block, AutoGraph converts no TFF function but those of
-  `_TFF_MODULES_WITH_TENSOR_CONTROL_FLOW` (and of `attrs`, none), as it already skips
-  TensorFlow's and Keras's own: TFF's optimizers, metrics and Keras wrapper only
-  branch on Python values, so they trace to the same graph unconverted. AutoGraph's
-  conversion of them was about 1.6 of the 2.6 CPU-seconds of tracing TFF's
-  model-delta client work. A function that does need converting fails the trace
-  with `tf.errors.OperatorNotAllowedInGraphError` (it cannot trace a different
-  graph). AutoGraph's cache of functions found not to need converting is emptied
-  at the end, so nothing of this outlives the block."""
+def traced_with_little_autograph(trace):
+  """`trace()` with AutoGraph converting no TFF function but those of
+  `_TFF_MODULES_WITH_TENSOR_CONTROL_FLOW` (and none of `attrs`), as it already skips
+  TensorFlow's and Keras's own: TFF's optimizers, metrics and Keras wrapper branch
+  only on Python values, so they trace to the same graph unconverted, and sooner
+  (docs/development.md). A function that does need converting fails the trace with
+  `tf.errors.OperatorNotAllowedInGraphError` (it cannot trace another graph); then
+  `trace()` runs again with AutoGraph's own rules. AutoGraph's cache of functions it
+  found not to need converting is emptied after, so nothing of this outlives the
+  call."""
   saved = autograph_config.CONVERSION_RULES
   autograph_config.CONVERSION_RULES = (
       *(autograph_config.Convert(m) for m in _TFF_MODULES_WITH_TENSOR_CONTROL_FLOW),
       autograph_config.DoNotConvert('tensorflow_federated'),
       autograph_config.DoNotConvert('attr'), *saved)
   try:
-    yield
+    return trace()
+  except tf.errors.OperatorNotAllowedInGraphError:
+    _restore_autograph_rules(saved)
+    return trace()
   finally:
-    autograph_config.CONVERSION_RULES = saved
-    autograph_conversion._ALLOWLIST_CACHE = type(autograph_conversion._ALLOWLIST_CACHE)()
+    _restore_autograph_rules(saved)
+
+
+def _restore_autograph_rules(rules) -> None:
+  autograph_config.CONVERSION_RULES = rules
+  autograph_conversion._ALLOWLIST_CACHE = type(autograph_conversion._ALLOWLIST_CACHE)()
 
 
 def as_lambda(building_block):
