@@ -334,8 +334,8 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
   """
 
   def __init__(self, factory: GeometricMedianFactory, value_type):
-    tolerance = factory.tolerance
     self.value_type = value_type
+    self._tolerance = factory.tolerance
     self._num_passes = factory.num_communication_passes
     self._start = factory.initial_point
     self._absolute_nu = factory.nu
@@ -343,38 +343,60 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     self._report_max_weight = factory.report_max_effective_weight
     self._report_objective = factory.report_objective
     self._inner = factory.inner_mean_factory.create(value_type, BETA_TYPE)
-
     if self._relative:
       self._define_floor_statistics(value_type, factory.relative_nu)
     if self._start == 'trimmed':
       self._define_trim(value_type)
+    self._not_frozen = _unfrozen_loop(passes_applied=1)
 
-    @tff.tensorflow.computation(value_type, tf.float32, tf.float64)
+  # The client and server computations below are traced on first use: a start or an
+  # R that needs none of them does not pay for tracing it.
+
+  @functools.cached_property
+  def _weight_from_norm(self):
+    @tff.tensorflow.computation(self.value_type, tf.float32, tf.float64)
     def weight_from_norm(value, weight, nu):
       # Algorithm 3: the first Weiszfeld step from v = 0.
       return weiszfeld_beta(weight, numerics.global_l2_norm(value), nu)
+    return weight_from_norm
 
-    @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
+  @functools.cached_property
+  def _weight_from_distance(self):
+    @tff.tensorflow.computation(self.value_type, self.value_type, tf.float32, tf.float64)
     def weight_from_distance(center, value, weight, nu):
       # The warm start's first step, from the previous aggregate.
       return weiszfeld_beta(weight, numerics.global_l2_distance(value, center), nu)
+    return weight_from_distance
 
+  @functools.cached_property
+  def _zero_value(self):
     @tff.tensorflow.computation
     def zero_value():
       return tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
-                                   iterative_mean.type_template(value_type))
+                                   iterative_mean.type_template(self.value_type))
+    return zero_value
 
-    @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
+  @functools.cached_property
+  def _weiszfeld_weight(self):
+    @tff.tensorflow.computation(self.value_type, self.value_type, tf.float32, tf.float64)
     def weiszfeld_weight(center, value, weight, nu):
       distance = numerics.global_l2_distance(value, center)
       beta = weiszfeld_beta(weight, distance, nu)
       objective_term = tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
       return beta, objective_term
+    return weiszfeld_weight
 
-    @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
+  @functools.cached_property
+  def _objective_term(self):
+    @tff.tensorflow.computation(self.value_type, self.value_type, tf.float32, tf.float64)
     def objective_term(center, value, weight, nu):
       distance = numerics.global_l2_distance(value, center)
       return tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
+    return objective_term
+
+  @functools.cached_property
+  def _advance(self):
+    value_type, tolerance = self.value_type, self._tolerance
 
     @tff.tensorflow.computation(value_type, value_type, tf.bool, tf.int32, tf.int32,
                                 tf.int32, tf.float64, tf.float32, tf.float64)
@@ -394,14 +416,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
       return collections.OrderedDict(
           center=kept, frozen=frozen, frozen_at=frozen_at, passes=passes,
           relative_gradient=relative_gradient)
-
-    self._weight_from_norm = weight_from_norm
-    self._weight_from_distance = weight_from_distance
-    self._zero_value = zero_value
-    self._weiszfeld_weight = weiszfeld_weight
-    self._objective_term = objective_term
-    self._advance = advance
-    self._not_frozen = _unfrozen_loop(passes_applied=1)
+    return advance
 
   def _define_trim(self, value_type):
     """The client and server computations of the trimmed start (`_spread_pass`,
@@ -459,11 +474,6 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     """The client and server computations of the relative ν (`smoothing`)."""
     float64 = type_checks.has_float64(value_type)
 
-    @tff.tensorflow.computation(value_type, tf.float32)
-    def statistics_from_norm(value, weight):
-      return robust_scale.client_statistics(numerics.global_l2_norm(value), weight,
-                                            float64)
-
     @tff.tensorflow.computation(value_type, value_type, tf.float32)
     def statistics_from_distance(center, value, weight):
       return robust_scale.client_statistics(
@@ -475,9 +485,18 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
       return robust_scale.relative_floor(statistics, relative_nu)
 
     self._statistics_bound = robust_scale.statistics_bound(float64)
-    self._scale_statistics_from_norm = statistics_from_norm
     self._scale_statistics = statistics_from_distance
     self._floor_from_statistics = floor_from_statistics
+
+  @functools.cached_property
+  def _scale_statistics_from_norm(self):
+    float64 = type_checks.has_float64(self.value_type)
+
+    @tff.tensorflow.computation(self.value_type, tf.float32)
+    def statistics_from_norm(value, weight):
+      return robust_scale.client_statistics(numerics.global_l2_norm(value), weight,
+                                            float64)
+    return statistics_from_norm
 
   def initialize(self):
     if self._start == 'previous':
