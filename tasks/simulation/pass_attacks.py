@@ -258,8 +258,8 @@ class _Tampering:
       refused = tf.constant(0, tf.int32)
       if bounds:
         admitted = bound.admits(contribution, client_alpha, *client_context)
-        contribution = _where(admitted, contribution,
-                              tf.nest.map_structure(tf.zeros_like, contribution))
+        contribution = tf.nest.map_structure(
+            lambda t: tf.where(admitted, t, tf.zeros([], t.dtype)), contribution)
         refused = tf.cast(tf.logical_not(admitted), tf.int32)
       return contribution, refused
 
@@ -275,9 +275,20 @@ class _Tampering:
 
 
 def _where(condition, if_true, if_false):
-  """`if_true` or `if_false` (structures of one shape) by a scalar `condition`: both
-  are computed anyway, and a selection traces no branch graphs, as `tf.cond` does."""
-  return tf.nest.map_structure(lambda a, b: tf.where(condition, a, b), if_true, if_false)
+  """`if_true` or `if_false`, structures of the same shapes, by a scalar `condition`
+  (a selection of two computed values: no branch graphs to trace, unlike `tf.cond`).
+
+  Raises:
+    ValueError: if two tensors differ in shape (an attack's contribution must have
+      the honest one's).
+  """
+  def select(a, b):
+    if not a.shape.is_compatible_with(b.shape):
+      raise ValueError(f'A tampered contribution of shape {a.shape} replaces one of '
+                       f'shape {b.shape}.')
+    return tf.where(condition, a, b)
+
+  return tf.nest.map_structure(select, if_true, if_false)
 
 
 def _sum_of_flags(count: int):

@@ -89,8 +89,9 @@ def _rescaled_norm(tensors):
   # A denormal float32 largest entry is flushed to zero by TensorFlow's kernels.
   in_float64 = _sqrt_of_sum([tf.reduce_sum(tf.square(tf.math.divide_no_nan(
       tf.cast(t, tf.float64), largest))) for t in tensors])
-  # Both are computed (this runs only for an out-of-range norm) and one is kept: a
-  # `tf.cond` nested in the caller's would trace two more branch graphs per norm.
+  # Both are computed and one is kept: this runs only for an overflowed norm or one
+  # below ~1e-16 (zero included), and a `tf.cond` nested in the caller's would trace
+  # two more branch graphs per norm.
   return largest * tf.where(largest < FLOAT32_TINY, in_float64, in_own_dtype)
 
 

@@ -143,28 +143,51 @@ _TFF_MODULES_WITH_TENSOR_CONTROL_FLOW = (
 )
 
 
+_LITTLE_AUTOGRAPH_RULES = (
+    *(autograph_config.Convert(m) for m in _TFF_MODULES_WITH_TENSOR_CONTROL_FLOW),
+    autograph_config.DoNotConvert('tensorflow_federated'),
+    autograph_config.DoNotConvert('attr'))
+
+
 def traced_with_little_autograph(trace):
   """`trace()` with AutoGraph converting no TFF function but those of
   `_TFF_MODULES_WITH_TENSOR_CONTROL_FLOW` (and none of `attrs`), as it already skips
   TensorFlow's and Keras's own: TFF's optimizers, metrics and Keras wrapper branch
   only on Python values, so they trace to the same graph unconverted, and sooner
-  (docs/development.md). A function that does need converting fails the trace with
-  `tf.errors.OperatorNotAllowedInGraphError` (it cannot trace another graph); then
-  `trace()` runs again with AutoGraph's own rules. AutoGraph's cache of functions it
-  found not to need converting is emptied after, so nothing of this outlives the
-  call."""
+  (docs/development.md).
+
+  A TFF function that branches on a tensor fails the trace with
+  `tf.errors.OperatorNotAllowedInGraphError`; then `trace()` runs again under
+  AutoGraph's own rules. What the rules cannot catch is a Python loop over a dataset
+  in a TFF module left unconverted, which would unroll; the three modules above hold
+  the client update's. AutoGraph's cache of functions found not to need converting is
+  emptied afterwards, so later traces follow AutoGraph's own rules (what `trace()`
+  built keeps its graphs). The rules are process-wide while `trace()` runs: not for
+  traces in other threads at the same time. A nested call runs under the outer one's
+  rules and fallback."""
   saved = autograph_config.CONVERSION_RULES
-  autograph_config.CONVERSION_RULES = (
-      *(autograph_config.Convert(m) for m in _TFF_MODULES_WITH_TENSOR_CONTROL_FLOW),
-      autograph_config.DoNotConvert('tensorflow_federated'),
-      autograph_config.DoNotConvert('attr'), *saved)
+  if _falling_back or saved[:len(_LITTLE_AUTOGRAPH_RULES)] == _LITTLE_AUTOGRAPH_RULES:
+    return trace()
+  autograph_config.CONVERSION_RULES = _LITTLE_AUTOGRAPH_RULES + saved
   try:
     return trace()
   except tf.errors.OperatorNotAllowedInGraphError:
     _restore_autograph_rules(saved)
-    return trace()
+    return _traced_falling_back(trace)
   finally:
     _restore_autograph_rules(saved)
+
+
+_falling_back = False
+
+
+def _traced_falling_back(trace):
+  global _falling_back
+  _falling_back = True
+  try:
+    return trace()
+  finally:
+    _falling_back = False
 
 
 def _restore_autograph_rules(rules) -> None:

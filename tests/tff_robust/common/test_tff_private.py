@@ -75,3 +75,20 @@ def test_nothing_outlives_the_call(tmp_path):
   finally:
     del sys.modules[_FAKE_TFF_MODULE]
   assert float(absolute(tf.constant(-3.0))) == 3.0
+
+
+def test_a_nested_call_runs_under_the_outer_calls_rules_and_fallback(tmp_path):
+  sign = _in_fake_tff_module(tmp_path, _BRANCHES_ON_A_TENSOR, 'sign')
+  inner_traces = []
+
+  def inner():
+    inner_traces.append(True)
+    return _sign_graph(sign)
+
+  try:
+    graph = tff_private.traced_with_little_autograph(
+        lambda: tff_private.traced_with_little_autograph(inner))
+  finally:
+    del sys.modules[_FAKE_TFF_MODULE]
+  assert len(inner_traces) == 2  # Failed under the outer rules, then converted.
+  assert float(graph(tf.constant(-2.0))) == -1.0

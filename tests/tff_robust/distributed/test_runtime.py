@@ -61,12 +61,14 @@ IMPORTING = textwrap.dedent('''
 
 @pytest.fixture(scope='module')
 def importing():
-  return _python(IMPORTING, check=True, cwd=processes.REPOSITORY)
+  return _python(IMPORTING, cwd=processes.REPOSITORY)
 
 
 def _reported(result, key):
-  return next(line.split()[1:] for line in result.stdout.splitlines()
-              if line.startswith(key + ' '))
+  for line in result.stdout.splitlines():
+    if line.startswith(key + ' '):
+      return line.split()[1:]
+  raise AssertionError(f'the program reported no {key} line:\n{result.stderr[-3000:]}')
 
 
 def test_import_leaves_signal_handlers_and_exit_hooks_alone(importing):
@@ -77,6 +79,7 @@ def test_importing_the_modules_prints_nothing_at_exit(importing):
   # TFF's finalizer of its idle local worker manager ran late in the teardown, where
   # `subprocess` is None: "Exception ignored ... 'NoneType' object has no attribute
   # 'Popen'" at exit.
+  assert importing.returncode == 0, importing.stderr[-3000:]
   assert 'Exception ignored' not in importing.stderr, importing.stderr
 
 
