@@ -88,18 +88,16 @@ class MergeableFedAvgClientWork:
       # TFF's process, for its initial hyperparameters and types (never run).
       reference = tff.learning.templates.build_model_delta_client_work(
           task.model_fn, optimizer, weighting)
+      types = (reference.initialize.type_signature.result.member,
+               reference.next.type_signature.parameter[1].member,
+               reference.next.type_signature.parameter[2].member)
       # TFF's own FedAvg client update: distributed training is numerically FedAvg's.
-      return reference, client_update_lib.fedavg_client_update(
-          task.model_fn, optimizer, weighting, loop_implementation,
-          reference.initialize.type_signature.result.member,
-          reference.next.type_signature.parameter[1].member,
-          reference.next.type_signature.parameter[2].member)
+      return reference, types, client_update_lib.fedavg_client_update(
+          task.model_fn, optimizer, weighting, loop_implementation, *types)
 
-    reference, client_update = tff_private.traced_with_little_autograph(trace)
+    reference, types, client_update = tff_private.traced_with_little_autograph(trace)
     self._hparams = reference.initialize()
-    hparams_type = reference.initialize.type_signature.result.member
-    weights_type = reference.next.type_signature.parameter[1].member
-    data_type = reference.next.type_signature.parameter[2].member
+    hparams_type, weights_type, data_type = types
 
     @tff.federated_computation(tff.FederatedType(hparams_type, tff.SERVER),
                                tff.FederatedType(weights_type, tff.SERVER),

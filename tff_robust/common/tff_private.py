@@ -165,29 +165,26 @@ def traced_with_little_autograph(trace):
   built keeps its graphs). The rules are process-wide while `trace()` runs: not for
   traces in other threads at the same time. A nested call runs under the outer one's
   rules and fallback."""
+  global _tracing
+  if _tracing:
+    return trace()
   saved = autograph_config.CONVERSION_RULES
-  if _falling_back or saved[:len(_LITTLE_AUTOGRAPH_RULES)] == _LITTLE_AUTOGRAPH_RULES:
-    return trace()
   autograph_config.CONVERSION_RULES = _LITTLE_AUTOGRAPH_RULES + saved
+  _tracing = True
   try:
-    return trace()
-  except tf.errors.OperatorNotAllowedInGraphError:
-    _restore_autograph_rules(saved)
-    return _traced_falling_back(trace)
+    try:
+      return trace()
+    except tf.errors.OperatorNotAllowedInGraphError:
+      _restore_autograph_rules(saved)
+      return trace()
   finally:
     _restore_autograph_rules(saved)
+    _tracing = False
 
 
-_falling_back = False
-
-
-def _traced_falling_back(trace):
-  global _falling_back
-  _falling_back = True
-  try:
-    return trace()
-  finally:
-    _falling_back = False
+# Whether a `traced_with_little_autograph` call is running (a nested one runs under
+# its rules and fallback).
+_tracing = False
 
 
 def _restore_autograph_rules(rules) -> None:
