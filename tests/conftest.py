@@ -1,6 +1,7 @@
 """Test-suite wide set-up: quiet TensorFlow, TFF computations compiled without grappler
-(tests/helpers/compilation.py), a small gathering queue, deprecations of the project's
-own code as errors, and no worker_binary left behind."""
+(tests/helpers/compilation.py) and with TFF's types deserialized once, a small
+gathering queue, deprecations of the project's own code as errors, and no
+worker_binary left behind."""
 
 import os
 import signal
@@ -16,10 +17,13 @@ import pytest  # pylint: disable=g-import-not-at-top
 
 from baselines import gather  # pylint: disable=g-import-not-at-top
 from tests.helpers import compilation  # pylint: disable=g-import-not-at-top
+from tff_robust.common import tff_private  # pylint: disable=g-import-not-at-top
 from tff_robust.distributed import runtime  # pylint: disable=g-import-not-at-top
 
 # Before any test builds a context: see tests/helpers/compilation.py.
 compilation.use_without_grappler()
+# As the binaries do (tasks.binaries.exit_status): TFF returns the same types, sooner.
+tff_private.memoize_type_deserialization()
 # The gathering queue's capacity changes no result, only how many tensors the
 # accumulator's type holds (tests/baselines/test_gather.py holds the rows equal within,
 # at and beyond the capacity): 8 slots instead of 128 trace and compile each gathering

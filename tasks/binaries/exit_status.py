@@ -225,6 +225,8 @@ def run(main: Callable[..., None],
       check_flags(*made)
     header(*made)
     import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+    from tff_robust.common import tff_private  # pylint: disable=g-import-not-at-top
+    tff_private.memoize_type_deserialization()
     return argv
 
   def guarded_main(argv):

@@ -1,13 +1,16 @@
 """tff_private.traced_with_little_autograph: TFF's functions are traced unconverted
 unless they must be, and nothing of it outlives the call. That TFF's client work so
 traced computes what TFF's own does, to the bit, is
-tests/tasks/simulation/test_client_work.py's."""
+tests/tasks/simulation/test_client_work.py's. tff_private.memoize_type_deserialization
+returns TFF's own types."""
 
 import importlib.util
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tff_robust.common import tff_private
 
@@ -78,3 +81,31 @@ def test_a_nested_call_runs_under_the_outer_calls_rules_and_fallback(fake_tff):
       lambda: tff_private.traced_with_little_autograph(inner))
   assert len(calls) == 2  # Failed under the outer rules, then converted.
   assert float(graph(tf.constant(-2.0))) == -1.0
+
+
+_TYPES = (
+    tff.TensorType(np.float32, [3, 2]),
+    tff.TensorType(np.int32, [None]),
+    tff.StructType([('kernel', tff.TensorType(np.float32, [3, 2])),
+                    ('bias', tff.TensorType(np.float32, [2]))]),
+    tff.StructType([tff.TensorType(np.float32, [2]), tff.TensorType(np.float32, [])]),
+    tff.FederatedType(np.float32, tff.CLIENTS),
+    tff.FederatedType(np.float32, tff.SERVER),
+    tff.SequenceType(tff.TensorType(np.float32, [2])),
+    tff.FunctionType(tff.FederatedType(np.float32, tff.CLIENTS),
+                     tff.FederatedType(np.float32, tff.SERVER)),
+    tff.FunctionType(None, tff.StructType([('a', np.int64)])),
+)
+
+
+def test_memoized_type_deserialization_returns_tffs_own_types():
+  tff_private.memoize_type_deserialization()  # Again: the suite's conftest did too.
+  deserialize = tff_private.type_serialization.deserialize_type
+  protos = [tff_private.type_serialization.serialize_type(t) for t in _TYPES]
+  tffs_own = [deserialize.__wrapped__(proto) for proto in protos]
+  assert tffs_own == list(_TYPES)
+  remembered = [deserialize(proto) for proto in protos]
+  assert remembered == tffs_own
+  assert all(a is b for a, b in zip(remembered, map(deserialize, protos)))
+  tff_private.memoize_type_deserialization()
+  assert tff_private.type_serialization.deserialize_type is deserialize
