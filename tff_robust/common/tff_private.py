@@ -93,11 +93,10 @@ teardown.disarm_idle_managers_at_exit()
 
 def memoize_type_deserialization() -> None:
   """Makes TFF's `deserialize_type` remember the type of each serialized type proto,
-  for the rest of the process. Why: compiling a computation deserializes the type of
-  every node of its tree again, each holding its children's types, which was about a
-  sixth of the CPU time of creating and first calling an aggregation process. TFF's
-  types are immutable, and a remembered one equals what TFF returns (the same object
-  for most: TFF interns them). Idempotent; the binaries call it, the library never
+  for the rest of the process. Why: TFF's compiler deserializes the type of every node
+  of a computation again, each holding its children's types. TFF's types are
+  immutable, and a remembered one equals what TFF returns (the same object for most:
+  TFF interns them). Idempotent; the binaries and the tests call it, the library never
   does (it changes nothing in a user's process)."""
   deserialize = type_serialization.deserialize_type
   if hasattr(deserialize, '__wrapped__'):
