@@ -214,7 +214,9 @@ def run(main: Callable[..., None],
   `main`: imported after absl's initialization, TensorFlow creates its eager context
   in graph mode (`tensorflow.python.distribute.combinations` runs its
   `app.call_after_init` callback at once) and Keras models fail to build
-  ("Attempt to convert a value (None)" in `Flatten`).
+  ("Attempt to convert a value (None)" in `Flatten`). With it, TFF's type
+  deserialization is memoized for the binary
+  (`tff_private.memoize_type_deserialization`: the same types, compiled sooner).
   """
   made = []
 
