@@ -22,6 +22,7 @@ import tensorflow_federated as tff
 from tff_robust.common import arguments
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
+from tff_robust.common import traced
 from tff_robust.common import weighted_or_unweighted
 
 
@@ -152,6 +153,11 @@ def gathering_steps(value_type, weight_type, capacity: Optional[int] = None):
   """
   capacity = arguments.check_positive_int(
       'capacity', LINEAR_CAPACITY if capacity is None else capacity)
+  return _gathering_steps(value_type, weight_type, capacity)
+
+
+@traced.once
+def _gathering_steps(value_type, weight_type, capacity: int):
   dtype = vector_dtype(value_type)
   size = num_parameters(value_type)
   accumulator_type = _accumulator_type(dtype, size, capacity)

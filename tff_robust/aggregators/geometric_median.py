@@ -20,6 +20,7 @@ from tff_robust.iterative import iterative_steps
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
 from tff_robust.aggregators import robust_scale
+from tff_robust.common import traced
 from tff_robust.common import type_checks
 
 INITIAL_POINTS = ('trimmed', 'mean', 'zero', 'previous')
@@ -342,167 +343,22 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     self._relative = factory.relative_nu is not None
     self._report_max_weight = factory.report_max_effective_weight
     self._report_objective = factory.report_objective
+    self._relative_nu = factory.relative_nu
     self._inner = factory.inner_mean_factory.create(value_type, BETA_TYPE)
-    if self._relative:
-      self._define_floor_statistics(value_type, factory.relative_nu)
-    if self._start == 'trimmed':
-      self._define_trim(value_type)
-    self._not_frozen = _unfrozen_loop(passes_applied=1)
 
-  # The client and server computations below are traced on first use: a start or an
-  # R that needs none of them does not pay for tracing it.
+  @property
+  def _floor_steps(self) -> 'FloorSteps':
+    return _floor_steps(self.value_type, self._relative_nu)
 
-  @functools.cached_property
-  def _weight_from_norm(self):
-    @tff.tensorflow.computation(self.value_type, tf.float32, tf.float64)
-    def weight_from_norm(value, weight, nu):
-      # Algorithm 3: the first Weiszfeld step from v = 0.
-      return weiszfeld_beta(weight, numerics.global_l2_norm(value), nu)
-    return weight_from_norm
-
-  @functools.cached_property
-  def _weight_from_distance(self):
-    @tff.tensorflow.computation(self.value_type, self.value_type, tf.float32, tf.float64)
-    def weight_from_distance(center, value, weight, nu):
-      # The warm start's first step, from the previous aggregate.
-      return weiszfeld_beta(weight, numerics.global_l2_distance(value, center), nu)
-    return weight_from_distance
-
-  @functools.cached_property
-  def _zero_value(self):
-    @tff.tensorflow.computation
-    def zero_value():
-      return tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
-                                   iterative_mean.type_template(self.value_type))
-    return zero_value
-
-  @functools.cached_property
-  def _weiszfeld_weight(self):
-    @tff.tensorflow.computation(self.value_type, self.value_type, tf.float32, tf.float64)
-    def weiszfeld_weight(center, value, weight, nu):
-      distance = numerics.global_l2_distance(value, center)
-      beta = weiszfeld_beta(weight, distance, nu)
-      objective_term = tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
-      return beta, objective_term
-    return weiszfeld_weight
-
-  @functools.cached_property
-  def _objective_term(self):
-    @tff.tensorflow.computation(self.value_type, self.value_type, tf.float32, tf.float64)
-    def objective_term(center, value, weight, nu):
-      distance = numerics.global_l2_distance(value, center)
-      return tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
-    return objective_term
-
-  @functools.cached_property
-  def _advance(self):
-    value_type, tolerance = self.value_type, self._tolerance
-
-    @tff.tensorflow.computation(value_type, value_type, tf.bool, tf.int32, tf.int32,
-                                tf.int32, tf.float64, tf.float32, tf.float64)
-    def advance(center, proposal, frozen, frozen_at, passes, this_pass, beta_sum,
-                alpha_sum, nu):
-      # ‖v⁺ − v‖·Σβ/ν = ‖Σ α_i (w_i − v)/max(ν, d_i)‖ = ‖∇g_ν(v)‖ (β carries a factor
-      # ν): the relative gradient needs no client statistic beyond Σβ and Σα.
-      # Distances in float64, rescaled if needed.
-      relative_gradient = tf.math.divide_no_nan(
-          numerics.global_l2_distance(proposal, center) * (beta_sum / nu),
-          tf.cast(alpha_sum, tf.float64))
-      apply, frozen, frozen_at, passes = freeze_step(
-          frozen, frozen_at, passes, this_pass, relative_gradient, tolerance)
-      # tf.cond, unlike tf.where, hands the chosen model through without a copy.
-      kept = tf.cond(apply, lambda: numerics.as_nest(proposal),
-                     lambda: numerics.as_nest(center))
-      return collections.OrderedDict(
-          center=kept, frozen=frozen, frozen_at=frozen_at, passes=passes,
-          relative_gradient=relative_gradient)
-    return advance
-
-  def _define_trim(self, value_type):
-    """The client and server computations of the trimmed start (`_spread_pass`,
-    `_radius_pass`, `_trim_pass`)."""
-
-    @tff.tensorflow.computation(value_type, value_type, tf.float32)
-    def weighted_distance(center, value, weight):
-      return tf.cast(weight, tf.float64) * numerics.global_l2_distance(value, center)
-
-    @tff.tensorflow.computation(tf.float64, tf.float32)
-    def mean_distance(distance_sum, alpha_sum):
-      return tf.math.divide_no_nan(distance_sum, tf.cast(alpha_sum, tf.float64))
-
-    @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
-    def radius_histogram(center, value, weight, unit):
-      return robust_scale.client_radius_histogram(
-          numerics.global_l2_distance(value, center), unit, weight)
-
-    @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64,
-                                tf.int32)
-    def trimmed_weight(center, value, weight, unit, bucket):
-      near = robust_scale.radius_bucket(
-          numerics.global_l2_distance(value, center), unit) <= bucket
-      return tf.where(near, tf.cast(weight, tf.float64), tf.constant(0.0, tf.float64))
-
-    @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64,
-                                tf.float64, tf.int32)
-    def restricted_weiszfeld_weight(center, value, weight, nu, unit, bucket):
-      # β over the clients near the estimate; the objective over every client.
-      distance = numerics.global_l2_distance(value, center)
-      near = robust_scale.radius_bucket(distance, unit) <= (
-          bucket + robust_scale.NEAR_BUCKETS)
-      beta = tf.where(near, weiszfeld_beta(weight, distance, nu),
-                      tf.constant(0.0, tf.float64))
-      return beta, tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
-
-    @tff.tensorflow.computation(radius_histogram.type_signature.result)
-    def median_bucket(histogram):
-      return robust_scale.half_weight_bucket(histogram)
-
-    @tff.tensorflow.computation(tf.int32, tf.float64)
-    def radius(bucket, unit):
-      return robust_scale.bucket_upper_edge(bucket, unit)
-
-    self._weighted_distance = weighted_distance
-    self._mean_distance = mean_distance
-    self._radius_histogram = radius_histogram
-    self._trimmed_weight = trimmed_weight
-    self._restricted_weiszfeld_weight = restricted_weiszfeld_weight
-    self._median_bucket = median_bucket
-    self._radius = radius
-    self._trim_applied = _unfrozen_loop(passes_applied=2)
-
-  def _define_floor_statistics(self, value_type, relative_nu):
-    """The client and server computations of the relative ν (`smoothing`)."""
-    float64 = type_checks.has_float64(value_type)
-
-    @tff.tensorflow.computation(value_type, value_type, tf.float32)
-    def statistics_from_distance(center, value, weight):
-      return robust_scale.client_statistics(
-          numerics.global_l2_distance(value, center), weight, float64,
-          count_zero=True)
-
-    @tff.tensorflow.computation(statistics_from_distance.type_signature.result)
-    def floor_from_statistics(statistics):
-      return robust_scale.relative_floor(statistics, relative_nu)
-
-    self._statistics_bound = robust_scale.statistics_bound(float64)
-    self._scale_statistics = statistics_from_distance
-    self._floor_from_statistics = floor_from_statistics
-
-  @functools.cached_property
-  def _scale_statistics_from_norm(self):
-    float64 = type_checks.has_float64(self.value_type)
-
-    @tff.tensorflow.computation(self.value_type, tf.float32)
-    def statistics_from_norm(value, weight):
-      return robust_scale.client_statistics(numerics.global_l2_norm(value), weight,
-                                            float64)
-    return statistics_from_norm
+  @property
+  def _trim_steps(self) -> 'TrimSteps':
+    return _trim_steps(self.value_type)
 
   def initialize(self):
     if self._start == 'previous':
       # The zero update before the first `next`: the first call equals the zero start.
       return _warm_state(self._inner.initialize(),
-                         tff.federated_eval(self._zero_value, tff.SERVER))
+                         tff.federated_eval(_zero_value(self.value_type), tff.SERVER))
     return self._inner.initialize()
 
   def start(self, state):
@@ -551,12 +407,12 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     `robust_scale.client_statistics`, before the step that uses it."""
     if 'center' in carry:
       statistics = tff.federated_map(
-          self._scale_statistics,
+          self._floor_steps.statistics_from_distance,
           (tff.federated_broadcast(carry['center']), value, alpha))
     else:
-      statistics = tff.federated_map(self._scale_statistics_from_norm, (value, alpha))
-    nu = tff.federated_map(self._floor_from_statistics, contributions.sum_of(
-        'scale_statistics', statistics, alpha, self._statistics_bound))
+      statistics = tff.federated_map(_statistics_from_norm(self.value_type), (value, alpha))
+    nu = tff.federated_map(self._floor_steps.floor_from_statistics, contributions.sum_of(
+        'scale_statistics', statistics, alpha, self._floor_steps.bound))
     return dict(carry, nu=nu)
 
   def _first_pass(self, carry, value, alpha):
@@ -570,18 +426,18 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
       nu = self._nu(carry)
       if self._start == 'previous':
         context = (tff.federated_broadcast(carry['center']), tff.federated_broadcast(nu))
-        beta = tff.federated_map(self._weight_from_distance,
+        beta = tff.federated_map(_weight_from_distance(self.value_type),
                                  (context[0], value, alpha, context[1]))
         bound = _WEISZFELD_BOUND
       else:
         context = (tff.federated_broadcast(nu),)
-        beta = tff.federated_map(self._weight_from_norm, (value, alpha, context[0]))
+        beta = tff.federated_map(_weight_from_norm(self.value_type), (value, alpha, context[0]))
         bound = _FIRST_STEP_BOUND
     output = contributions.mean_of('first_mean', self._inner, carry['inner'], value,
                                    beta, alpha, bound, context)
     carry = dict(carry, inner=output.state, center=output.result,
                  inner_measurements=output.measurements,
-                 loop=tff.federated_eval(self._not_frozen, tff.SERVER),
+                 loop=tff.federated_eval(_unfrozen_loop(passes_applied=1), tff.SERVER),
                  floors=[] if nu is None else [nu], objectives=[],
                  relative_gradients=[], max_weights=[])
     if self._report_max_weight:
@@ -596,19 +452,19 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     """The trimmed start's unit: the α-weighted mean distance D̄ to the mean, from
     one federated sum of client scalars."""
     distance_sum = contributions.sum_of('distance_sum', tff.federated_map(
-        self._weighted_distance, (tff.federated_broadcast(carry['center']), value, alpha)),
+        self._trim_steps.weighted_distance, (tff.federated_broadcast(carry['center']), value, alpha)),
         alpha, contributions.NONNEGATIVE)
     return dict(carry, trim_unit=tff.federated_map(
-        self._mean_distance, (distance_sum, carry['alpha_sum'])))
+        self._trim_steps.mean_distance, (distance_sum, carry['alpha_sum'])))
 
   def _radius_pass(self, carry, value, alpha):
     """The trimmed start's radius: the bucket of the α-weighted median of d / D̄, from
     one federated sum of the clients' histograms."""
     histogram = contributions.sum_of('radius_histogram', tff.federated_map(
-        self._radius_histogram, (tff.federated_broadcast(carry['center']), value, alpha,
+        self._trim_steps.radius_histogram, (tff.federated_broadcast(carry['center']), value, alpha,
                                  tff.federated_broadcast(carry['trim_unit']))),
         alpha, _HISTOGRAM_BOUND)
-    return dict(carry, trim_bucket=tff.federated_map(self._median_bucket, histogram))
+    return dict(carry, trim_bucket=tff.federated_map(self._trim_steps.median_bucket, histogram))
 
   def _near_pass(self, carry, value, alpha):
     """Before the trimmed start's pass 3, in one round: ν, and the bucket of the
@@ -616,27 +472,27 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     if self._relative:
       carry = self._floor(carry, value, alpha)
     histogram = contributions.sum_of('near_histogram', tff.federated_map(
-        self._radius_histogram, (tff.federated_broadcast(carry['center']), value, alpha,
+        self._trim_steps.radius_histogram, (tff.federated_broadcast(carry['center']), value, alpha,
                                  tff.federated_broadcast(carry['trim_radius']))),
         alpha, _HISTOGRAM_BOUND)
-    return dict(carry, near_bucket=tff.federated_map(self._median_bucket, histogram))
+    return dict(carry, near_bucket=tff.federated_map(self._trim_steps.median_bucket, histogram))
 
   def _trim_pass(self, carry, value, alpha):
     """Pass 2 of the trimmed start: the α-weighted mean of the clients within the
     radius of the mean (β_i = α_i inside, 0 outside), one inner mean."""
     bucket, unit = carry['trim_bucket'], carry['trim_unit']
     center_at_clients = tff.federated_broadcast(carry['center'])
-    beta = tff.federated_map(self._trimmed_weight, (
+    beta = tff.federated_map(self._trim_steps.trimmed_weight, (
         center_at_clients, value, alpha, tff.federated_broadcast(unit),
         tff.federated_broadcast(bucket)))
-    radius = tff.federated_map(self._radius, (bucket, unit))
+    radius = tff.federated_map(self._trim_steps.radius, (bucket, unit))
     output = contributions.mean_of(
         'trimmed_mean', self._inner, carry['inner'], value, beta, alpha, _TRIMMED_BOUND,
         lambda: (center_at_clients, tff.federated_broadcast(radius)))
     carry = dict(carry, inner=output.state, center=output.result,
                  inner_measurements=output.measurements,
                  trim_radius=radius,
-                 loop=tff.federated_eval(self._trim_applied, tff.SERVER))
+                 loop=tff.federated_eval(_unfrozen_loop(passes_applied=2), tff.SERVER))
     if self._report_max_weight:
       carry['max_weights'] = carry['max_weights'] + [_max_effective_weight(
           beta, alpha, contributions.sum_of('trimmed_beta_sum', beta, alpha,
@@ -654,11 +510,11 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
                   tff.federated_broadcast(nu))
     if restricted:
       beta_and_term = tff.federated_map(
-          self._restricted_weiszfeld_weight,
+          self._trim_steps.restricted_weiszfeld_weight,
           arguments_ + (tff.federated_broadcast(carry['trim_radius']),
                         tff.federated_broadcast(carry['near_bucket'])))
     else:
-      beta_and_term = tff.federated_map(self._weiszfeld_weight, arguments_)
+      beta_and_term = tff.federated_map(_weiszfeld_weight(self.value_type), arguments_)
     beta = beta_and_term[0]
     # One sum of the pair gives Σβ and g_ν(center) (fewer per-client operations).
     beta_sum_and_objective = contributions.sum_of(
@@ -666,7 +522,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     output = contributions.mean_of('weiszfeld', self._inner, carry['inner'], value,
                                    beta, alpha, _WEISZFELD_BOUND,
                                    (arguments_[0], arguments_[3]))
-    advanced = tff.federated_map(self._advance, (
+    advanced = tff.federated_map(_advance(self.value_type, self._tolerance), (
         center, output.result, loop['frozen'], loop['frozen_at'], loop['passes'],
         tff.federated_value(this_pass, tff.SERVER), beta_sum_and_objective[0],
         carry['alpha_sum'], nu))
@@ -690,7 +546,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     single pass: the floor a step from its estimate would use)."""
     nu = self._nu(carry)
     objective = contributions.sum_of('objective', tff.federated_map(
-        self._objective_term, (tff.federated_broadcast(carry['center']), value, alpha,
+        _objective_term(self.value_type), (tff.federated_broadcast(carry['center']), value, alpha,
                                tff.federated_broadcast(nu))),
         alpha, contributions.NONNEGATIVE)
     return dict(carry, objectives=carry['objectives'] + [objective])
@@ -754,6 +610,7 @@ _BETA_AND_OBJECTIVE_BOUND = contributions.fields(contributions.AT_MOST_ALPHA,
                                                  contributions.NONNEGATIVE)
 
 
+@traced.once
 def _unfrozen_loop(passes_applied: int):
   """The computation of the freezing rule's state before any Weiszfeld step:
   not frozen, with `passes_applied` passes applied."""
@@ -764,6 +621,167 @@ def _unfrozen_loop(passes_applied: int):
                                    passes=tf.constant(passes_applied))
 
   return loop
+
+
+@traced.once
+def _zero_value(value_type):
+  @tff.tensorflow.computation
+  def zero_value():
+    return tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
+                                 iterative_mean.type_template(value_type))
+  return zero_value
+
+
+@traced.once
+def _weight_from_norm(value_type):
+  @tff.tensorflow.computation(value_type, tf.float32, tf.float64)
+  def weight_from_norm(value, weight, nu):
+    # Algorithm 3: the first Weiszfeld step from v = 0.
+    return weiszfeld_beta(weight, numerics.global_l2_norm(value), nu)
+  return weight_from_norm
+
+
+@traced.once
+def _weight_from_distance(value_type):
+  @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
+  def weight_from_distance(center, value, weight, nu):
+    # The warm start's first step, from the previous aggregate.
+    return weiszfeld_beta(weight, numerics.global_l2_distance(value, center), nu)
+  return weight_from_distance
+
+
+@traced.once
+def _weiszfeld_weight(value_type):
+  @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
+  def weiszfeld_weight(center, value, weight, nu):
+    distance = numerics.global_l2_distance(value, center)
+    beta = weiszfeld_beta(weight, distance, nu)
+    objective_term = tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
+    return beta, objective_term
+  return weiszfeld_weight
+
+
+@traced.once
+def _objective_term(value_type):
+  @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
+  def objective_term(center, value, weight, nu):
+    distance = numerics.global_l2_distance(value, center)
+    return tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
+  return objective_term
+
+
+@traced.once
+def _advance(value_type, tolerance: float):
+  """The step v⁺ kept or not by the freezing rule at SERVER, and its relative
+  gradient."""
+
+  @tff.tensorflow.computation(value_type, value_type, tf.bool, tf.int32, tf.int32,
+                              tf.int32, tf.float64, tf.float32, tf.float64)
+  def advance(center, proposal, frozen, frozen_at, passes, this_pass, beta_sum,
+              alpha_sum, nu):
+    # ‖v⁺ − v‖·Σβ/ν = ‖Σ α_i (w_i − v)/max(ν, d_i)‖ = ‖∇g_ν(v)‖ (β carries a factor
+    # ν): the relative gradient needs no client statistic beyond Σβ and Σα.
+    # Distances in float64, rescaled if needed.
+    relative_gradient = tf.math.divide_no_nan(
+        numerics.global_l2_distance(proposal, center) * (beta_sum / nu),
+        tf.cast(alpha_sum, tf.float64))
+    apply, frozen, frozen_at, passes = freeze_step(
+        frozen, frozen_at, passes, this_pass, relative_gradient, tolerance)
+    # tf.cond, unlike tf.where, hands the chosen model through without a copy.
+    kept = tf.cond(apply, lambda: numerics.as_nest(proposal),
+                   lambda: numerics.as_nest(center))
+    return collections.OrderedDict(
+        center=kept, frozen=frozen, frozen_at=frozen_at, passes=passes,
+        relative_gradient=relative_gradient)
+  return advance
+
+
+TrimSteps = collections.namedtuple('TrimSteps', [
+    'weighted_distance', 'mean_distance', 'radius_histogram', 'trimmed_weight',
+    'restricted_weiszfeld_weight', 'median_bucket', 'radius'])
+
+
+@traced.once
+def _trim_steps(value_type) -> TrimSteps:
+  """The client and server computations of the trimmed start (`_spread_pass`,
+  `_radius_pass`, `_trim_pass`, `_near_pass` and its restricted Weiszfeld pass)."""
+
+  @tff.tensorflow.computation(value_type, value_type, tf.float32)
+  def weighted_distance(center, value, weight):
+    return tf.cast(weight, tf.float64) * numerics.global_l2_distance(value, center)
+
+  @tff.tensorflow.computation(tf.float64, tf.float32)
+  def mean_distance(distance_sum, alpha_sum):
+    return tf.math.divide_no_nan(distance_sum, tf.cast(alpha_sum, tf.float64))
+
+  @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
+  def radius_histogram(center, value, weight, unit):
+    return robust_scale.client_radius_histogram(
+        numerics.global_l2_distance(value, center), unit, weight)
+
+  @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64,
+                              tf.int32)
+  def trimmed_weight(center, value, weight, unit, bucket):
+    near = robust_scale.radius_bucket(
+        numerics.global_l2_distance(value, center), unit) <= bucket
+    return tf.where(near, tf.cast(weight, tf.float64), tf.constant(0.0, tf.float64))
+
+  @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64,
+                              tf.float64, tf.int32)
+  def restricted_weiszfeld_weight(center, value, weight, nu, unit, bucket):
+    # β over the clients near the estimate; the objective over every client.
+    distance = numerics.global_l2_distance(value, center)
+    near = robust_scale.radius_bucket(distance, unit) <= (
+        bucket + robust_scale.NEAR_BUCKETS)
+    beta = tf.where(near, weiszfeld_beta(weight, distance, nu),
+                    tf.constant(0.0, tf.float64))
+    return beta, tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
+
+  @tff.tensorflow.computation(radius_histogram.type_signature.result)
+  def median_bucket(histogram):
+    return robust_scale.half_weight_bucket(histogram)
+
+  @tff.tensorflow.computation(tf.int32, tf.float64)
+  def radius(bucket, unit):
+    return robust_scale.bucket_upper_edge(bucket, unit)
+
+  return TrimSteps(weighted_distance, mean_distance, radius_histogram, trimmed_weight,
+                   restricted_weiszfeld_weight, median_bucket, radius)
+
+
+FloorSteps = collections.namedtuple(
+    'FloorSteps', ['statistics_from_distance', 'floor_from_statistics', 'bound'])
+
+
+@traced.once
+def _floor_steps(value_type, relative_nu: float) -> FloorSteps:
+  """The client and server computations of the relative ν (`smoothing`), and what
+  bounds an honest client's statistics."""
+  float64 = type_checks.has_float64(value_type)
+
+  @tff.tensorflow.computation(value_type, value_type, tf.float32)
+  def statistics_from_distance(center, value, weight):
+    return robust_scale.client_statistics(
+        numerics.global_l2_distance(value, center), weight, float64, count_zero=True)
+
+  @tff.tensorflow.computation(statistics_from_distance.type_signature.result)
+  def floor_from_statistics(statistics):
+    return robust_scale.relative_floor(statistics, relative_nu)
+
+  return FloorSteps(statistics_from_distance, floor_from_statistics,
+                    robust_scale.statistics_bound(float64))
+
+
+@traced.once
+def _statistics_from_norm(value_type):
+  """The zero start's client statistics for the relative ν of its pass 1."""
+  float64 = type_checks.has_float64(value_type)
+
+  @tff.tensorflow.computation(value_type, tf.float32)
+  def statistics_from_norm(value, weight):
+    return robust_scale.client_statistics(numerics.global_l2_norm(value), weight,
+                                          float64)
+  return statistics_from_norm
 
 
 def _warm_state(inner_state, previous_aggregate):

@@ -22,6 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_robust.common import numerics
+from tff_robust.common import traced
 from tff_robust.iterative import iterative_mean
 from tff_robust.iterative import iterative_steps
 
@@ -94,14 +95,7 @@ def client_filter(value_type, weight_type):
   `tff.federated_computation`: `(value, weight) at CLIENTS → (value, float32 weight)
   at CLIENTS, {MEASUREMENT: int32 count at SERVER}`, dropped clients (a non-finite
   update, an unusable weight) with weight 0 and a zero update."""
-
-  @tff.tensorflow.computation(value_type, weight_type)
-  def finite_weight(client_value, client_weight):
-    return numerics.weight_if_usable(client_value, client_weight)
-
-  @tff.tensorflow.computation(value_type, tf.int32)
-  def finite_value(client_value, dropped):
-    return numerics.zeros_if_dropped(client_value, dropped)
+  finite_weight, finite_value = _filter_steps(value_type, weight_type)
 
   def filter_clients(value, weight):
     # The finiteness scan runs once, in `finite_weight`; `finite_value` only reads its
@@ -113,3 +107,19 @@ def client_filter(value_type, weight_type):
             collections.OrderedDict([(MEASUREMENT, tff.federated_sum(dropped))]))
 
   return filter_clients
+
+
+@traced.once
+def _filter_steps(value_type, weight_type):
+  """The client computations of `client_filter`: (value, weight) → (float32 weight, 0
+  or 1 for dropped), and (value, dropped) → the value or zeros."""
+
+  @tff.tensorflow.computation(value_type, weight_type)
+  def finite_weight(client_value, client_weight):
+    return numerics.weight_if_usable(client_value, client_weight)
+
+  @tff.tensorflow.computation(value_type, tf.int32)
+  def finite_value(client_value, dropped):
+    return numerics.zeros_if_dropped(client_value, dropped)
+
+  return finite_weight, finite_value

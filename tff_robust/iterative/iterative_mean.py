@@ -15,6 +15,7 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
 from tff_robust.common import numerics
+from tff_robust.common import traced
 from tff_robust.common import type_checks
 from tff_robust.common import weighted_or_unweighted
 
@@ -55,17 +56,8 @@ class Float32MeanFactory(weighted_or_unweighted.WeightedOrUnweightedFactory):
 
   def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     check_float_structure(value_type)
-
-    @tff.tensorflow.computation(value_type, weight_type)
-    def weighted(value, weight):
-      value, weight = numerics.as_nest(value), tf.cast(weight, tf.float64)
-
-      products = tf.cond(tf.equal(weight, 0.0),
-                         lambda: tf.nest.map_structure(tf.zeros_like, value),
-                         lambda: numerics.scaled(value, weight))
-      return products, weight
-
-    return _weighted_mean_process(value_type, weight_type, weighted)
+    return _weighted_mean_process(value_type, weight_type,
+                                  _float32_products(value_type, weight_type))
 
 
 class Float64MeanFactory(weighted_or_unweighted.WeightedOrUnweightedFactory):
@@ -99,35 +91,69 @@ class Float64MeanFactory(weighted_or_unweighted.WeightedOrUnweightedFactory):
 
   def create_weighted(self, value_type, weight_type) -> tff.templates.AggregationProcess:
     check_float_structure(value_type)
-
-    @tff.tensorflow.computation(value_type, weight_type)
-    def weighted(value, weight):
-      weight = tf.cast(weight, tf.float64)
-      # A client of weight 0 adds exact zeros: 0 · inf would be NaN (e.g. the γ-mean's
-      # overflowed squares of a client whose γ-weight underflowed).
-      return (tf.cond(
-          tf.equal(weight, 0.0),
-          lambda: tf.nest.map_structure(
-              lambda t: tf.zeros(tf.shape(t), tf.float64), numerics.as_nest(value)),
-          lambda: tf.nest.map_structure(lambda t: tf.cast(t, tf.float64) * weight,
-                                        numerics.as_nest(value))), weight)
-
-    return _weighted_mean_process(value_type, weight_type, weighted)
+    return _weighted_mean_process(value_type, weight_type,
+                                  _float64_products(value_type, weight_type))
 
 
-def _weighted_mean_process(value_type, weight_type, weighted):
-  """The stateless mean process around a client computation `weighted(value, weight)
-  → (weighted value, float64 weight)`: two independent federated sums and a division
-  (in float64, zero for a zero weight sum) back to the values' dtypes."""
+@traced.once
+def _float32_products(value_type, weight_type):
+  """The client computation (value, weight) → (weight · value in the values' dtype,
+  float64 weight), exact zeros for a weight of 0."""
+
+  @tff.tensorflow.computation(value_type, weight_type)
+  def weighted(value, weight):
+    value, weight = numerics.as_nest(value), tf.cast(weight, tf.float64)
+
+    products = tf.cond(tf.equal(weight, 0.0),
+                       lambda: tf.nest.map_structure(tf.zeros_like, value),
+                       lambda: numerics.scaled(value, weight))
+    return products, weight
+
+  return weighted
+
+
+@traced.once
+def _float64_products(value_type, weight_type):
+  """The client computation (value, weight) → (weight · value in float64, float64
+  weight), exact zeros for a weight of 0."""
+
+  @tff.tensorflow.computation(value_type, weight_type)
+  def weighted(value, weight):
+    weight = tf.cast(weight, tf.float64)
+    # A client of weight 0 adds exact zeros: 0 · inf would be NaN (e.g. the γ-mean's
+    # overflowed squares of a client whose γ-weight underflowed).
+    return (tf.cond(
+        tf.equal(weight, 0.0),
+        lambda: tf.nest.map_structure(
+            lambda t: tf.zeros(tf.shape(t), tf.float64), numerics.as_nest(value)),
+        lambda: tf.nest.map_structure(lambda t: tf.cast(t, tf.float64) * weight,
+                                      numerics.as_nest(value))), weight)
+
+  return weighted
+
+
+@traced.once
+def _division(value_type, sums_type):
+  """The server computation (Σ weighted values, Σ weights) → their quotient (in
+  float64, zero for a zero weight sum) in the values' dtypes."""
   template = type_template(value_type)
 
-  @tff.tensorflow.computation(weighted.type_signature.result)
+  @tff.tensorflow.computation(sums_type)
   def divide(sums):
     total, weight_sum = numerics.as_nest(sums[0]), sums[1]
     return tf.nest.map_structure(
         lambda s, spec: tf.cast(
             tf.math.divide_no_nan(tf.cast(s, tf.float64), weight_sum), spec.dtype),
         total, template, check_types=False)
+
+  return divide
+
+
+def _weighted_mean_process(value_type, weight_type, weighted):
+  """The stateless mean process around a client computation `weighted(value, weight)
+  → (weighted value, float64 weight)`: two independent federated sums and a division
+  (in float64, zero for a zero weight sum) back to the values' dtypes."""
+  divide = _division(value_type, weighted.type_signature.result)
 
   @tff.federated_computation()
   def init_fn():
@@ -246,12 +272,16 @@ def float32_weights(weight_type, weight):
   the weights themselves when they already are."""
   if weight_type == WEIGHT_TYPE:
     return weight
+  return tff.federated_map(_float32_cast(weight_type), weight)
 
+
+@traced.once
+def _float32_cast(weight_type):
   @tff.tensorflow.computation(weight_type)
   def cast(client_weight):
     return tf.cast(client_weight, tf.float32)
 
-  return tff.federated_map(cast, weight)
+  return cast
 
 
 @tff.tensorflow.computation(tf.float32, tf.float32)
@@ -266,12 +296,16 @@ def stack_at_server(server_scalars, dtype=tf.float32):
     return tff.federated_value(np.zeros([0], dtype.as_numpy_dtype), tff.SERVER)
   zipped = tff.federated_zip(collections.OrderedDict(
       (f'p{i}', s) for i, s in enumerate(server_scalars)))
+  return tff.federated_map(_stacking(zipped.type_signature.member, dtype), zipped)
 
-  @tff.tensorflow.computation(zipped.type_signature.member)
+
+@traced.once
+def _stacking(scalars_type, dtype):
+  @tff.tensorflow.computation(scalars_type)
   def stack(scalars):
     return tf.stack([tf.cast(s, dtype) for s in scalars.values()])
 
-  return tff.federated_map(stack, zipped)
+  return stack
 
 
 @tff.tensorflow.computation(tff.TensorType(np.float32, [None]))
