@@ -39,6 +39,7 @@ from baselines import gather
 from tff_robust.iterative import iterative_mean
 from tff_robust.iterative import iterative_steps
 from tff_robust.common import numerics
+from tff_robust.common import traced
 
 THRESHOLD = 'clipping_threshold'
 NUM_CLIPPED = 'num_clipped'
@@ -82,6 +83,14 @@ def clip_to_norm(value, norm, threshold):
 def collect_norms(norm, weight):
   """Federated step: `<norms, kept>` at SERVER, every client's norm (float64) and
   whether its weight is > 0, in an arbitrary but fixed client order."""
+  zero, accumulate, merge, report = _norm_collection()
+  return tff.federated_aggregate(tff.federated_zip((norm, weight)), zero(), accumulate,
+                                 merge, report)
+
+
+@traced.once
+def _norm_collection():
+  """`collect_norms`' (zero, accumulate, merge, report)."""
 
   @tff.tensorflow.computation
   def zero():
@@ -104,8 +113,7 @@ def collect_norms(norm, weight):
   def report(accumulator):
     return collections.OrderedDict(norms=accumulator.norms, kept=accumulator.kept)
 
-  return tff.federated_aggregate(tff.federated_zip((norm, weight)), zero(), accumulate,
-                                 merge, report)
+  return zero, accumulate, merge, report
 
 
 class AdaptiveRobustClippingFactory(iterative_steps.IterativeAggregationFactory):
@@ -200,26 +208,14 @@ class _ClippedSteps(iterative_steps.WrappedSteps):
   def __init__(self, factory: AdaptiveRobustClippingFactory,
                inner: iterative_steps.IterativeSteps):
     super().__init__(inner)
-    value_type = inner.value_type
-
-    @tff.tensorflow.computation(value_type)
-    def client_norm(value):
-      return numerics.global_l2_norm(value)
-
-    @tff.tensorflow.computation(tf.float32)
-    def kept_flag(weight):
-      return tf.cast(weight > 0, tf.float32)
 
     @tff.tensorflow.computation(_NORMS_TYPE)
     def threshold_at_server(collected):
       return factory._server_threshold(collected.norms, collected.kept)  # pylint: disable=protected-access
 
-    @tff.tensorflow.computation(value_type, tf.float64)
-    def clip(value, threshold):
-      return clip_to_norm(value, numerics.global_l2_norm(value), threshold)
-
-    self._client_norm, self._kept_flag = client_norm, kept_flag
-    self._threshold_at_server, self._clip = threshold_at_server, clip
+    self._client_norm, self._clip = _clipping_at_clients(inner.value_type)
+    self._kept_flag = _kept_flag()
+    self._threshold_at_server = threshold_at_server
 
   def passes(self):
     return [iterative_steps.Pass('arc_threshold', self._threshold_pass)] + [
@@ -248,3 +244,28 @@ class _ClippedSteps(iterative_steps.WrappedSteps):
     return tff.templates.MeasuredProcessOutput(
         state=output.state, result=output.result,
         measurements=tff.federated_zip(measurements))
+
+
+@traced.once
+def _clipping_at_clients(value_type):
+  """The client computations value → ‖value‖ and (value, threshold) → the value
+  clipped to the threshold."""
+
+  @tff.tensorflow.computation(value_type)
+  def client_norm(value):
+    return numerics.global_l2_norm(value)
+
+  @tff.tensorflow.computation(value_type, tf.float64)
+  def clip(value, threshold):
+    return clip_to_norm(value, numerics.global_l2_norm(value), threshold)
+
+  return client_norm, clip
+
+
+@traced.once
+def _kept_flag():
+  @tff.tensorflow.computation(tf.float32)
+  def kept_flag(weight):
+    return tf.cast(weight > 0, tf.float32)
+
+  return kept_flag

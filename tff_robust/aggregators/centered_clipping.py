@@ -22,6 +22,7 @@ from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_steps
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
+from tff_robust.common import traced
 
 INITIAL_POINTS = ('previous', 'mean', 'zero')
 
@@ -191,39 +192,16 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
     self._num_secure_average_calls = factory.num_secure_average_calls
     self._inner = factory.inner_mean_factory.create(value_type,
                                                     iterative_mean.WEIGHT_TYPE)
-    template = iterative_mean.type_template(value_type)
-
-    @tff.tensorflow.computation
-    def zeros():
-      return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), template)
-
-    @tff.tensorflow.computation(value_type, value_type)
-    def clip_step(center, value):
-      return clipped_difference(value, center, radius)
-
-    @tff.tensorflow.computation(value_type, value_type, tf.float32)
-    def clip_flags(center, value, weight):
-      return is_clipped(value, center, radius, weight)
-
-    @tff.tensorflow.computation(value_type, value_type)
-    def advance(center, step):
-      return tf.nest.map_structure(tf.add, numerics.as_nest(center),
-                                   numerics.as_nest(step))
-
-    @tff.tensorflow.computation(tf.int32, tf.int32)
-    def fraction(num_clipped, num_clients):
-      return tf.math.divide_no_nan(tf.cast(num_clipped, tf.float32),
-                                   tf.cast(num_clients, tf.float32))
-
+    computations = _clipping_computations(value_type, radius)
     # An honest client's step has norm ≤ τ and its weight is α; its update is
     # unbounded in the mean start's pass.
     self._mean_bound = contributions.pair(contributions.UNBOUNDED,
                                           contributions.EQUAL_TO_ALPHA)
     self._step_bound = contributions.pair(contributions.norm_at_most(radius),
                                           contributions.EQUAL_TO_ALPHA)
-    self._zeros = zeros
-    self._clip_step, self._clip_flags = clip_step, clip_flags
-    self._advance, self._fraction = advance, fraction
+    self._zeros = computations.zeros
+    self._clip_step, self._clip_flags = computations.clip_step, computations.clip_flags
+    self._advance, self._fraction = computations.advance, computations.fraction
 
   def initialize(self):
     state = collections.OrderedDict()
@@ -288,3 +266,36 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
     return tff.templates.MeasuredProcessOutput(
         state=tff.federated_zip(state), result=carry['center'],
         measurements=tff.federated_zip(measurements))
+
+ClippingComputations = collections.namedtuple(
+    'ClippingComputations', ['zeros', 'clip_step', 'clip_flags', 'advance', 'fraction'])
+
+
+@traced.once
+def _clipping_computations(value_type, radius: float) -> ClippingComputations:
+  """The client and server computations of centred clipping at radius τ."""
+  template = iterative_mean.type_template(value_type)
+
+  @tff.tensorflow.computation
+  def zeros():
+    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), template)
+
+  @tff.tensorflow.computation(value_type, value_type)
+  def clip_step(center, value):
+    return clipped_difference(value, center, radius)
+
+  @tff.tensorflow.computation(value_type, value_type, tf.float32)
+  def clip_flags(center, value, weight):
+    return is_clipped(value, center, radius, weight)
+
+  @tff.tensorflow.computation(value_type, value_type)
+  def advance(center, step):
+    return tf.nest.map_structure(tf.add, numerics.as_nest(center),
+                                 numerics.as_nest(step))
+
+  @tff.tensorflow.computation(tf.int32, tf.int32)
+  def fraction(num_clipped, num_clients):
+    return tf.math.divide_no_nan(tf.cast(num_clipped, tf.float32),
+                                 tf.cast(num_clients, tf.float32))
+
+  return ClippingComputations(zeros, clip_step, clip_flags, advance, fraction)

@@ -20,6 +20,7 @@ from tff_robust.iterative import contributions
 from tff_robust.iterative import iterative_steps
 from tff_robust.iterative import iterative_mean
 from tff_robust.common import numerics
+from tff_robust.common import traced
 
 COVARIANCES = ('identity', 'diagonal')
 INITIAL_POINTS = ('mean', 'geometric_median')
@@ -362,179 +363,26 @@ class GammaSteps(iterative_steps.IterativeSteps):
     self._num_iterations = factory.num_iterations
     self._num_calls = factory.num_calls()
     gamma = factory.gamma_for(value_type)
-    p = max(iterative_mean.num_parameters(value_type), 1)
     floor = factory.variance_floor_for(value_type)
     diagonal = factory.covariance == 'diagonal'
     # Σ = I for the absolute simple γ-mean (Algorithm 2); estimated otherwise.
     estimated = diagonal or factory.gamma_scale == 'spread'
-    # Σ w_i D_i(μ_new) ≤ p/(1+γ') under an estimated Σ (see the factory's docstring).
-    estimated_bound = p / (1.0 + gamma)
     headroom = 2.0 * LOG_HEADROOM / gamma
-    weight_dtype_ = weight_dtype(value_type)
-    self.inner_weight_type = tff.TensorType(weight_dtype_.as_numpy_dtype)
+    computations = _gamma_computations(value_type, gamma, floor, diagonal, estimated)
     self._diagonal = diagonal
-    template = iterative_mean.type_template(value_type)
-    if diagonal:
-      pair_type = tff.StructWithPythonType(
-          [('value', value_type), ('square', value_type)], collections.OrderedDict)
-      self.inner_value_type = pair_type
-      scale_type = value_type
-    else:
-      self.inner_value_type = value_type
-      scale_type = tff.TensorType(np.float64)
-    estimate_type = tff.StructWithPythonType(
-        [('mean', value_type), ('scale', scale_type), ('bound', np.float64)],
-        collections.OrderedDict)
-
-    def inner_value(value, square):
-      if not diagonal:
-        return numerics.as_nest(value)
-      return collections.OrderedDict(value=numerics.as_nest(value), square=square)
-
-    def zeros_like_value(value):
-      return tf.nest.map_structure(tf.zeros_like, numerics.as_nest(value))
-
-    def first_estimate(mean, second_moment):
-      """The estimate before iteration 1 from Σα‖x − c‖²/Σα: an isotropic σ² (or Σ = I
-      and the bound itself, for the absolute simple γ-mean)."""
-      if not estimated:
-        return collections.OrderedDict(mean=mean, scale=tf.constant(1.0, tf.float64),
-                                       bound=second_moment)
-      variance = tf.maximum((1.0 + gamma) * second_moment / p, floor)
-      if diagonal:
-        std = tf.minimum(tf.sqrt(variance), _FLOAT32_MAX)
-        scale = tf.nest.map_structure(
-            lambda spec: tf.fill(spec.shape, tf.cast(
-                tf.maximum(std, _std_floor(spec.dtype, floor)), spec.dtype)), template)
-      else:
-        scale = variance
-      return collections.OrderedDict(mean=mean, scale=scale,
-                                     bound=tf.constant(estimated_bound, tf.float64))
-
-    @tff.tensorflow.computation(value_type, tf.float32)
-    def start_client(value, alpha):
-      alpha64 = tf.cast(alpha, tf.float64)
-      moment = tf.where(alpha64 > 0, alpha64 * tf.square(numerics.global_l2_norm(value)),
-                        tf.constant(0.0, tf.float64))
-      square = zeros_like_value(value) if diagonal else None
-      return (inner_value(value, square), tf.cast(alpha, weight_dtype_),
-              collections.OrderedDict(moment=moment, alpha=alpha64))
-
-    @tff.tensorflow.computation(value_type, value_type, tf.float32)
-    def centered_moment(center, value, alpha):
-      alpha64 = tf.cast(alpha, tf.float64)
-      moment = tf.where(alpha64 > 0, alpha64 * squared_distance(value, center),
-                        tf.constant(0.0, tf.float64))
-      return collections.OrderedDict(moment=moment, alpha=alpha64)
-
-    @tff.tensorflow.computation(self.inner_value_type, _scalars_type(_START_SUMS))
-    def mean_estimate(inner_mean, sums):
-      mean = numerics.as_nest(inner_mean)
-      mean = mean['value'] if diagonal else mean
-      second_moment = tf.math.divide_no_nan(sums['moment'], sums['alpha'])
-      if not estimated:
-        # The shift of Σ = I wants min_i D_i itself, not an upper bound: centred here.
-        # Should the difference cancel, the shift errs (flagged) for one iteration.
-        second_moment = tf.maximum(
-            second_moment - tf.square(numerics.global_l2_norm(mean)), 0.0)
-      return first_estimate(mean, second_moment)
-
-    @tff.tensorflow.computation(value_type, _scalars_type(_START_SUMS))
-    def centered_estimate(center, sums):
-      return first_estimate(numerics.as_nest(center),
-                            tf.math.divide_no_nan(sums['moment'], sums['alpha']))
-
-    def distance_for_bound(raw, distance):
-      # What the next variance or bound averages: ‖x − μ‖² for 'identity' (in the
-      # values' units), the standardised D_i for 'diagonal' (used for nothing but
-      # the flag computations, since its bound is p/(1+γ')).
-      return distance if diagonal else raw
-
-    @tff.tensorflow.computation(estimate_type, value_type, tf.float32)
-    def client_step(estimate, value, alpha):
-      estimate = numerics.as_nest(estimate)
-      center, scale = estimate['mean'], estimate['scale']
-      raw = squared_distance(value, center)  # ‖x − μ‖², float64.
-      if diagonal:
-        ratios = squared_ratios(value, center, scale)
-        distance = _sum_over_structure(ratios)
-      else:
-        distance = raw / scale
-      shift = tf.maximum(estimate['bound'] - headroom, 0.0)
-      exponent = -0.5 * gamma * (distance - shift)
-      capped = tf.cast(exponent > 0.0, tf.float64)
-      alpha64 = tf.cast(alpha, tf.float64)
-      weight = alpha64 * tf.exp(tf.minimum(exponent, 0.0))
-      if weight_dtype_ == tf.float32:
-        # TensorFlow flushes float32 subnormals to zero; make it explicit, so the
-        # scalar sums count exactly the weights the inner mean uses.
-        weight = tf.where(weight < numerics.FLOAT32_TINY, tf.zeros_like(weight), weight)
-      weight = tf.cast(tf.cast(weight, weight_dtype_), tf.float64)
-      kept = weight > 0.0
-      square = None
-      if diagonal:
-        # A client of weight 0 sends zeros: 0·inf would be NaN in a float32 mean.
-        square = tf.nest.map_structure(
-            lambda r: tf.where(kept, r, tf.zeros_like(r)), ratios)
-      statistics = collections.OrderedDict(
-          weight=weight,
-          weighted_distance=tf.where(
-              kept, weight * distance_for_bound(raw, distance), 0.0),
-          capped=tf.where(alpha64 > 0, capped, 0.0),
-          alpha=alpha64,
-          alpha_distance=tf.where(
-              alpha64 > 0, alpha64 * distance_for_bound(raw, distance), 0.0))
-      return inner_value(value, square), tf.cast(weight, weight_dtype_), statistics
-
-    @tff.tensorflow.computation(estimate_type, self.inner_value_type,
-                                _scalars_type(_ITERATION_SUMS))
-    def advance(estimate, inner_mean, sums):
-      estimate, inner_mean = numerics.as_nest(estimate), numerics.as_nest(inner_mean)
-      weight_sum, alpha_sum = sums['weight'], sums['alpha']
-      underflow = tf.logical_and(weight_sum <= UNDERFLOW_WEIGHT * alpha_sum,
-                                 alpha_sum > 0)
-      spread = tf.math.divide_no_nan(sums['weighted_distance'], weight_sum)
-      if diagonal:
-        mean = inner_mean['value']
-        scale = tf.nest.map_structure(
-            lambda s, m: tf.cast(tf.clip_by_value(
-                tf.cast(s, tf.float64) * tf.sqrt((1.0 + gamma) * tf.cast(m, tf.float64)),
-                _std_floor(s.dtype, floor), _FLOAT32_MAX), s.dtype),
-            estimate['scale'], inner_mean['square'])
-        bound = tf.constant(estimated_bound, tf.float64)
-      elif estimated:
-        mean = inner_mean
-        scale = tf.maximum((1.0 + gamma) * spread / p, floor)
-        bound = tf.constant(estimated_bound, tf.float64)
-      else:
-        mean, scale, bound = inner_mean, estimate['scale'], spread
-      proposal = collections.OrderedDict(mean=mean, scale=scale, bound=bound)
-      kept = collections.OrderedDict(estimate)
-      if not estimated:
-        # Kept at an unchanged centre, the unweighted mean of D_i bounds min_i D_i.
-        kept['bound'] = tf.math.divide_no_nan(sums['alpha_distance'], alpha_sum)
-      new = tf.nest.map_structure(lambda k, n: tf.where(underflow, k, n), kept, proposal)
-      capped = sums['capped']
-      flags = (tf.cast(tf.logical_or(underflow, capped > 0), tf.float32),
-               tf.cast(capped, tf.float32),
-               tf.cast(tf.math.divide_no_nan(weight_sum, alpha_sum), tf.float32))
-      return new, flags
-
-    @tff.tensorflow.computation(estimate_type)
-    def mean_of(estimate):
-      return numerics.as_nest(estimate)['mean']
-
-    self.estimate_type = estimate_type
+    self.inner_value_type = computations.inner_value_type
+    self.inner_weight_type = computations.inner_weight_type
+    self.estimate_type = computations.estimate_type
     self._iteration_bound = (contributions.pair(contributions.UNBOUNDED,
                                                 contributions.AT_MOST_ALPHA)
                              if diagonal else _iteration_pair_bound(gamma, headroom))
-    self._start_client = start_client
-    self._centered_moment = centered_moment
-    self._mean_estimate = mean_estimate
-    self._centered_estimate = centered_estimate
-    self._client_step = client_step
-    self._advance = advance
-    self._mean_of = mean_of
+    self._start_client = computations.start_client
+    self._centered_moment = computations.centered_moment
+    self._mean_estimate = computations.mean_estimate
+    self._centered_estimate = computations.centered_estimate
+    self._client_step = computations.client_step
+    self._advance = computations.advance
+    self._mean_of = computations.mean_of
 
     self._inner = factory.inner_mean_factory.create(self.inner_value_type,
                                                     self.inner_weight_type)
@@ -627,3 +475,176 @@ class GammaSteps(iterative_steps.IterativeSteps):
         state=tff.federated_zip(state),
         result=tff.federated_map(self._mean_of, carry['estimate']),
         measurements=tff.federated_zip(measurements))
+
+
+GammaComputations = collections.namedtuple('GammaComputations', [
+    'inner_value_type', 'inner_weight_type', 'estimate_type', 'start_client',
+    'centered_moment', 'mean_estimate', 'centered_estimate', 'client_step', 'advance',
+    'mean_of'])
+
+
+@traced.once
+def _gamma_computations(value_type, gamma: float, floor: float, diagonal: bool,
+                        estimated: bool) -> GammaComputations:
+  """The client and server computations of `GammaSteps` and the types they exchange,
+  for γ, the variance floor, a diagonal covariance or not, and Σ estimated or I."""
+  p = max(iterative_mean.num_parameters(value_type), 1)
+  # Σ w_i D_i(μ_new) ≤ p/(1+γ') under an estimated Σ (see the factory's docstring).
+  estimated_bound = p / (1.0 + gamma)
+  headroom = 2.0 * LOG_HEADROOM / gamma
+  weight_dtype_ = weight_dtype(value_type)
+  inner_weight_type = tff.TensorType(weight_dtype_.as_numpy_dtype)
+  template = iterative_mean.type_template(value_type)
+  if diagonal:
+    pair_type = tff.StructWithPythonType(
+        [('value', value_type), ('square', value_type)], collections.OrderedDict)
+    inner_value_type = pair_type
+    scale_type = value_type
+  else:
+    inner_value_type = value_type
+    scale_type = tff.TensorType(np.float64)
+  estimate_type = tff.StructWithPythonType(
+      [('mean', value_type), ('scale', scale_type), ('bound', np.float64)],
+      collections.OrderedDict)
+
+  def inner_value(value, square):
+    if not diagonal:
+      return numerics.as_nest(value)
+    return collections.OrderedDict(value=numerics.as_nest(value), square=square)
+
+  def zeros_like_value(value):
+    return tf.nest.map_structure(tf.zeros_like, numerics.as_nest(value))
+
+  def first_estimate(mean, second_moment):
+    """The estimate before iteration 1 from Σα‖x − c‖²/Σα: an isotropic σ² (or Σ = I
+    and the bound itself, for the absolute simple γ-mean)."""
+    if not estimated:
+      return collections.OrderedDict(mean=mean, scale=tf.constant(1.0, tf.float64),
+                                     bound=second_moment)
+    variance = tf.maximum((1.0 + gamma) * second_moment / p, floor)
+    if diagonal:
+      std = tf.minimum(tf.sqrt(variance), _FLOAT32_MAX)
+      scale = tf.nest.map_structure(
+          lambda spec: tf.fill(spec.shape, tf.cast(
+              tf.maximum(std, _std_floor(spec.dtype, floor)), spec.dtype)), template)
+    else:
+      scale = variance
+    return collections.OrderedDict(mean=mean, scale=scale,
+                                   bound=tf.constant(estimated_bound, tf.float64))
+
+  @tff.tensorflow.computation(value_type, tf.float32)
+  def start_client(value, alpha):
+    alpha64 = tf.cast(alpha, tf.float64)
+    moment = tf.where(alpha64 > 0, alpha64 * tf.square(numerics.global_l2_norm(value)),
+                      tf.constant(0.0, tf.float64))
+    square = zeros_like_value(value) if diagonal else None
+    return (inner_value(value, square), tf.cast(alpha, weight_dtype_),
+            collections.OrderedDict(moment=moment, alpha=alpha64))
+
+  @tff.tensorflow.computation(value_type, value_type, tf.float32)
+  def centered_moment(center, value, alpha):
+    alpha64 = tf.cast(alpha, tf.float64)
+    moment = tf.where(alpha64 > 0, alpha64 * squared_distance(value, center),
+                      tf.constant(0.0, tf.float64))
+    return collections.OrderedDict(moment=moment, alpha=alpha64)
+
+  @tff.tensorflow.computation(inner_value_type, _scalars_type(_START_SUMS))
+  def mean_estimate(inner_mean, sums):
+    mean = numerics.as_nest(inner_mean)
+    mean = mean['value'] if diagonal else mean
+    second_moment = tf.math.divide_no_nan(sums['moment'], sums['alpha'])
+    if not estimated:
+      # The shift of Σ = I wants min_i D_i itself, not an upper bound: centred here.
+      # Should the difference cancel, the shift errs (flagged) for one iteration.
+      second_moment = tf.maximum(
+          second_moment - tf.square(numerics.global_l2_norm(mean)), 0.0)
+    return first_estimate(mean, second_moment)
+
+  @tff.tensorflow.computation(value_type, _scalars_type(_START_SUMS))
+  def centered_estimate(center, sums):
+    return first_estimate(numerics.as_nest(center),
+                          tf.math.divide_no_nan(sums['moment'], sums['alpha']))
+
+  def distance_for_bound(raw, distance):
+    # What the next variance or bound averages: ‖x − μ‖² for 'identity' (in the
+    # values' units), the standardised D_i for 'diagonal' (used for nothing but
+    # the flag computations, since its bound is p/(1+γ')).
+    return distance if diagonal else raw
+
+  @tff.tensorflow.computation(estimate_type, value_type, tf.float32)
+  def client_step(estimate, value, alpha):
+    estimate = numerics.as_nest(estimate)
+    center, scale = estimate['mean'], estimate['scale']
+    raw = squared_distance(value, center)  # ‖x − μ‖², float64.
+    if diagonal:
+      ratios = squared_ratios(value, center, scale)
+      distance = _sum_over_structure(ratios)
+    else:
+      distance = raw / scale
+    shift = tf.maximum(estimate['bound'] - headroom, 0.0)
+    exponent = -0.5 * gamma * (distance - shift)
+    capped = tf.cast(exponent > 0.0, tf.float64)
+    alpha64 = tf.cast(alpha, tf.float64)
+    weight = alpha64 * tf.exp(tf.minimum(exponent, 0.0))
+    if weight_dtype_ == tf.float32:
+      # TensorFlow flushes float32 subnormals to zero; make it explicit, so the
+      # scalar sums count exactly the weights the inner mean uses.
+      weight = tf.where(weight < numerics.FLOAT32_TINY, tf.zeros_like(weight), weight)
+    weight = tf.cast(tf.cast(weight, weight_dtype_), tf.float64)
+    kept = weight > 0.0
+    square = None
+    if diagonal:
+      # A client of weight 0 sends zeros: 0·inf would be NaN in a float32 mean.
+      square = tf.nest.map_structure(
+          lambda r: tf.where(kept, r, tf.zeros_like(r)), ratios)
+    statistics = collections.OrderedDict(
+        weight=weight,
+        weighted_distance=tf.where(
+            kept, weight * distance_for_bound(raw, distance), 0.0),
+        capped=tf.where(alpha64 > 0, capped, 0.0),
+        alpha=alpha64,
+        alpha_distance=tf.where(
+            alpha64 > 0, alpha64 * distance_for_bound(raw, distance), 0.0))
+    return inner_value(value, square), tf.cast(weight, weight_dtype_), statistics
+
+  @tff.tensorflow.computation(estimate_type, inner_value_type,
+                              _scalars_type(_ITERATION_SUMS))
+  def advance(estimate, inner_mean, sums):
+    estimate, inner_mean = numerics.as_nest(estimate), numerics.as_nest(inner_mean)
+    weight_sum, alpha_sum = sums['weight'], sums['alpha']
+    underflow = tf.logical_and(weight_sum <= UNDERFLOW_WEIGHT * alpha_sum,
+                               alpha_sum > 0)
+    spread = tf.math.divide_no_nan(sums['weighted_distance'], weight_sum)
+    if diagonal:
+      mean = inner_mean['value']
+      scale = tf.nest.map_structure(
+          lambda s, m: tf.cast(tf.clip_by_value(
+              tf.cast(s, tf.float64) * tf.sqrt((1.0 + gamma) * tf.cast(m, tf.float64)),
+              _std_floor(s.dtype, floor), _FLOAT32_MAX), s.dtype),
+          estimate['scale'], inner_mean['square'])
+      bound = tf.constant(estimated_bound, tf.float64)
+    elif estimated:
+      mean = inner_mean
+      scale = tf.maximum((1.0 + gamma) * spread / p, floor)
+      bound = tf.constant(estimated_bound, tf.float64)
+    else:
+      mean, scale, bound = inner_mean, estimate['scale'], spread
+    proposal = collections.OrderedDict(mean=mean, scale=scale, bound=bound)
+    kept = collections.OrderedDict(estimate)
+    if not estimated:
+      # Kept at an unchanged centre, the unweighted mean of D_i bounds min_i D_i.
+      kept['bound'] = tf.math.divide_no_nan(sums['alpha_distance'], alpha_sum)
+    new = tf.nest.map_structure(lambda k, n: tf.where(underflow, k, n), kept, proposal)
+    capped = sums['capped']
+    flags = (tf.cast(tf.logical_or(underflow, capped > 0), tf.float32),
+             tf.cast(capped, tf.float32),
+             tf.cast(tf.math.divide_no_nan(weight_sum, alpha_sum), tf.float32))
+    return new, flags
+
+  @tff.tensorflow.computation(estimate_type)
+  def mean_of(estimate):
+    return numerics.as_nest(estimate)['mean']
+
+  return GammaComputations(inner_value_type, inner_weight_type, estimate_type,
+                           start_client, centered_moment, mean_estimate,
+                           centered_estimate, client_step, advance, mean_of)
