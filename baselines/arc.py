@@ -182,40 +182,25 @@ class AdaptiveRobustClippingFactory(iterative_steps.IterativeAggregationFactory)
     gather.check_more_clients_than_assumed_byzantine(
         'AdaptiveRobustClippingFactory', num_clients, self._num_byzantine)
 
-  def _server_threshold(self, norms, kept):
-    """(threshold, number of clients above it) from the collected norms."""
-    norms = tf.boolean_mask(norms, kept)
-    n = tf.shape(norms)[0]
-    f = gather.assumed_byzantine(self._num_byzantine, self._fraction, n)
-    check = gather.assert_more_clients_than_assumed_byzantine(
-        'AdaptiveRobustClippingFactory', n, f)
-    with tf.control_dependencies([check]):
-      threshold = clipping_threshold(norms, f)
-    return threshold, tf.reduce_sum(tf.cast(norms > threshold, tf.int32))
-
   def steps(self, value_type) -> iterative_steps.IterativeSteps:
     """One pass that collects the norms and sets the threshold, then the inner
     aggregate's passes (`iterative_steps.steps_of`: one for a factory that is not
     iterative) on the clipped updates, so ARC(GM) runs pass by pass on workers."""
     iterative_mean.check_float_structure(value_type)
-    return _ClippedSteps(self, iterative_steps.steps_of(self._inner, value_type))
+    return _ClippedSteps(iterative_steps.steps_of(self._inner, value_type),
+                         self._num_byzantine, self._fraction)
 
 
 class _ClippedSteps(iterative_steps.WrappedSteps):
   """ARC's threshold pass, then `inner`'s passes on the updates clipped to it (each
   pass clips its clients' updates again: a deployed client keeps its own)."""
 
-  def __init__(self, factory: AdaptiveRobustClippingFactory,
-               inner: iterative_steps.IterativeSteps):
+  def __init__(self, inner: iterative_steps.IterativeSteps,
+               num_byzantine: Optional[int], fraction: Optional[float]):
     super().__init__(inner)
-
-    @tff.tensorflow.computation(_NORMS_TYPE)
-    def threshold_at_server(collected):
-      return factory._server_threshold(collected.norms, collected.kept)  # pylint: disable=protected-access
-
     self._client_norm, self._clip = _clipping_at_clients(inner.value_type)
     self._kept_flag = _kept_flag()
-    self._threshold_at_server = threshold_at_server
+    self._threshold_at_server = _threshold_at_server(num_byzantine, fraction)
 
   def passes(self):
     return [iterative_steps.Pass('arc_threshold', self._threshold_pass)] + [
@@ -269,3 +254,22 @@ def _kept_flag():
     return tf.cast(weight > 0, tf.float32)
 
   return kept_flag
+
+
+@traced.once
+def _threshold_at_server(num_byzantine: Optional[int], fraction: Optional[float]):
+  """The server computation from the collected norms to (threshold, number of
+  clients above it), for f clients assumed Byzantine (a number or a fraction)."""
+
+  @tff.tensorflow.computation(_NORMS_TYPE)
+  def threshold_at_server(collected):
+    norms = tf.boolean_mask(collected.norms, collected.kept)
+    n = tf.shape(norms)[0]
+    f = gather.assumed_byzantine(num_byzantine, fraction, n)
+    check = gather.assert_more_clients_than_assumed_byzantine(
+        'AdaptiveRobustClippingFactory', n, f)
+    with tf.control_dependencies([check]):
+      threshold = clipping_threshold(norms, f)
+    return threshold, tf.reduce_sum(tf.cast(norms > threshold, tf.int32))
+
+  return threshold_at_server

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from baselines import arc
 import tff_robust
 from tff_robust.common import traced
 from tff_robust.iterative import iterative_mean
@@ -31,6 +32,8 @@ _FACTORIES = collections.OrderedDict(
     float64_mean=iterative_mean.Float64MeanFactory,
     nonfinite_filtered_gm=lambda: tff_robust.NonfiniteFilteringFactory(
         tff_robust.GeometricMedianFactory()),
+    arc_of_gm=lambda: arc.AdaptiveRobustClippingFactory(
+        tff_robust.GeometricMedianFactory(), byzantine_fraction=0.1),
 )
 
 
