@@ -686,32 +686,41 @@ def _unprivileged_uid() -> int:
   return worker_network.unprivileged_ids()[0]
 
 
+# Forked from a fresh interpreter: a fork of this test process, where gRPC's threads
+# run, could abort in gRPC's fork handlers before trying (it did, once in a suite).
+_CONNECT_AS = """
+import os, socket, sys
+uid, path = int(sys.argv[1]), sys.argv[2]
+read_end, write_end = os.pipe()
+pid = os.fork()
+if pid == 0:  # The child: becomes `uid`, tries, reports, exits.
+  outcome = b'other error'
+  try:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    with socket.socket(socket.AF_UNIX) as s:
+      s.connect(path)
+    outcome = b'connected'
+  except PermissionError:
+    outcome = b'permission denied'
+  except BaseException:
+    pass
+  finally:
+    os.write(write_end, outcome)
+    os._exit(0)
+os.close(write_end)
+with os.fdopen(read_end, 'rb') as f:
+  print(f.read().decode(), end='')
+os.waitpid(pid, 0)
+"""
+
+
 def _connects_as(uid: int, path: str) -> str:
   """Whether a process of `uid` can connect to the Unix socket `path`."""
-  read_end, write_end = os.pipe()
-  pid = os.fork()
-  if pid == 0:  # The child: becomes `uid`, tries, reports, exits.
-    outcome = b'?'
-    try:
-      os.close(read_end)
-      os.setgroups([])
-      os.setresgid(uid, uid, uid)
-      os.setresuid(uid, uid, uid)
-      with socket.socket(socket.AF_UNIX) as s:
-        s.connect(path)
-      outcome = b'connected'
-    except PermissionError:
-      outcome = b'permission denied'
-    except BaseException:  # pylint: disable=broad-except
-      outcome = b'other error'
-    finally:
-      os.write(write_end, outcome)
-      os._exit(0)  # pylint: disable=protected-access
-  os.close(write_end)
-  with os.fdopen(read_end, 'rb') as f:
-    outcome = f.read().decode()
-  os.waitpid(pid, 0)
-  return outcome
+  return subprocess.run([sys.executable, '-I', '-S', '-c', _CONNECT_AS, str(uid), path],
+                        capture_output=True, text=True, check=True,
+                        timeout=300).stdout
 
 
 @slow
