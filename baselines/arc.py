@@ -249,6 +249,7 @@ def _clipping_at_clients(value_type):
 
 @traced.once
 def _kept_flag():
+  """The client computation weight → 1.0 if it is > 0, else 0.0."""
   @tff.tensorflow.computation(tf.float32)
   def kept_flag(weight):
     return tf.cast(weight > 0, tf.float32)

@@ -158,6 +158,7 @@ def gathering_steps(value_type, weight_type, capacity: Optional[int] = None):
 
 @traced.once
 def _gathering_steps(value_type, weight_type, capacity: int):
+  """`gathering_steps` for a capacity already checked."""
   dtype = vector_dtype(value_type)
   size = num_parameters(value_type)
   accumulator_type = _accumulator_type(dtype, size, capacity)

@@ -267,12 +267,13 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
         state=tff.federated_zip(state), result=carry['center'],
         measurements=tff.federated_zip(measurements))
 
-ClippingComputations = collections.namedtuple(
-    'ClippingComputations', ['zeros', 'clip_step', 'clip_flags', 'advance', 'fraction'])
+
+_ClippingComputations = collections.namedtuple(
+    '_ClippingComputations', ['zeros', 'clip_step', 'clip_flags', 'advance', 'fraction'])
 
 
 @traced.once
-def _clipping_computations(value_type, radius: float) -> ClippingComputations:
+def _clipping_computations(value_type, radius: float) -> _ClippingComputations:
   """The client and server computations of centred clipping at radius τ."""
   template = iterative_mean.type_template(value_type)
 
@@ -298,4 +299,4 @@ def _clipping_computations(value_type, radius: float) -> ClippingComputations:
     return tf.math.divide_no_nan(tf.cast(num_clipped, tf.float32),
                                  tf.cast(num_clients, tf.float32))
 
-  return ClippingComputations(zeros, clip_step, clip_flags, advance, fraction)
+  return _ClippingComputations(zeros, clip_step, clip_flags, advance, fraction)

@@ -368,7 +368,8 @@ class GammaSteps(iterative_steps.IterativeSteps):
     # Σ = I for the absolute simple γ-mean (Algorithm 2); estimated otherwise.
     estimated = diagonal or factory.gamma_scale == 'spread'
     headroom = 2.0 * LOG_HEADROOM / gamma
-    computations = _gamma_computations(value_type, gamma, floor, diagonal, estimated)
+    computations = _gamma_computations(value_type, gamma, floor, diagonal, estimated,
+                                       headroom, UNDERFLOW_WEIGHT)
     self._diagonal = diagonal
     self.inner_value_type = computations.inner_value_type
     self.inner_weight_type = computations.inner_weight_type
@@ -477,7 +478,7 @@ class GammaSteps(iterative_steps.IterativeSteps):
         measurements=tff.federated_zip(measurements))
 
 
-GammaComputations = collections.namedtuple('GammaComputations', [
+_GammaComputations = collections.namedtuple('_GammaComputations', [
     'inner_value_type', 'inner_weight_type', 'estimate_type', 'start_client',
     'centered_moment', 'mean_estimate', 'centered_estimate', 'client_step', 'advance',
     'mean_of'])
@@ -485,13 +486,14 @@ GammaComputations = collections.namedtuple('GammaComputations', [
 
 @traced.once
 def _gamma_computations(value_type, gamma: float, floor: float, diagonal: bool,
-                        estimated: bool) -> GammaComputations:
+                        estimated: bool, headroom: float,
+                        underflow_weight: float) -> _GammaComputations:
   """The client and server computations of `GammaSteps` and the types they exchange,
-  for γ, the variance floor, a diagonal covariance or not, and Σ estimated or I."""
+  for γ, the variance floor, a diagonal covariance or not, Σ estimated or I, the
+  log-domain headroom and the fraction of Σα below which the weights underflowed."""
   p = max(iterative_mean.num_parameters(value_type), 1)
   # Σ w_i D_i(μ_new) ≤ p/(1+γ') under an estimated Σ (see the factory's docstring).
   estimated_bound = p / (1.0 + gamma)
-  headroom = 2.0 * LOG_HEADROOM / gamma
   weight_dtype_ = weight_dtype(value_type)
   inner_weight_type = tff.TensorType(weight_dtype_.as_numpy_dtype)
   template = iterative_mean.type_template(value_type)
@@ -612,7 +614,7 @@ def _gamma_computations(value_type, gamma: float, floor: float, diagonal: bool,
   def advance(estimate, inner_mean, sums):
     estimate, inner_mean = numerics.as_nest(estimate), numerics.as_nest(inner_mean)
     weight_sum, alpha_sum = sums['weight'], sums['alpha']
-    underflow = tf.logical_and(weight_sum <= UNDERFLOW_WEIGHT * alpha_sum,
+    underflow = tf.logical_and(weight_sum <= underflow_weight * alpha_sum,
                                alpha_sum > 0)
     spread = tf.math.divide_no_nan(sums['weighted_distance'], weight_sum)
     if diagonal:
@@ -645,6 +647,6 @@ def _gamma_computations(value_type, gamma: float, floor: float, diagonal: bool,
   def mean_of(estimate):
     return numerics.as_nest(estimate)['mean']
 
-  return GammaComputations(inner_value_type, inner_weight_type, estimate_type,
-                           start_client, centered_moment, mean_estimate,
-                           centered_estimate, client_step, advance, mean_of)
+  return _GammaComputations(inner_value_type, inner_weight_type, estimate_type,
+                            start_client, centered_moment, mean_estimate,
+                            centered_estimate, client_step, advance, mean_of)

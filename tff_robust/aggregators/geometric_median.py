@@ -347,12 +347,12 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     self._inner = factory.inner_mean_factory.create(value_type, BETA_TYPE)
 
   @property
-  def _floor_steps(self) -> 'FloorSteps':
-    return _floor_steps(self.value_type, self._relative_nu)
+  def _trim(self) -> '_TrimComputations':
+    return _trim_computations(self.value_type)
 
   @property
-  def _trim_steps(self) -> 'TrimSteps':
-    return _trim_steps(self.value_type)
+  def _relative_floor(self) -> '_FloorComputations':
+    return _floor_computations(self.value_type, self._relative_nu)
 
   def initialize(self):
     if self._start == 'previous':
@@ -407,12 +407,15 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     `robust_scale.client_statistics`, before the step that uses it."""
     if 'center' in carry:
       statistics = tff.federated_map(
-          self._floor_steps.statistics_from_distance,
+          self._relative_floor.statistics_from_distance,
           (tff.federated_broadcast(carry['center']), value, alpha))
     else:
-      statistics = tff.federated_map(_statistics_from_norm(self.value_type), (value, alpha))
-    nu = tff.federated_map(self._floor_steps.floor_from_statistics, contributions.sum_of(
-        'scale_statistics', statistics, alpha, self._floor_steps.bound))
+      statistics = tff.federated_map(_statistics_from_norm(self.value_type),
+                                     (value, alpha))
+    nu = tff.federated_map(
+        self._relative_floor.floor_from_statistics,
+        contributions.sum_of('scale_statistics', statistics, alpha,
+                             self._relative_floor.bound))
     return dict(carry, nu=nu)
 
   def _first_pass(self, carry, value, alpha):
@@ -431,7 +434,8 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
         bound = _WEISZFELD_BOUND
       else:
         context = (tff.federated_broadcast(nu),)
-        beta = tff.federated_map(_weight_from_norm(self.value_type), (value, alpha, context[0]))
+        beta = tff.federated_map(_weight_from_norm(self.value_type),
+                                 (value, alpha, context[0]))
         bound = _FIRST_STEP_BOUND
     output = contributions.mean_of('first_mean', self._inner, carry['inner'], value,
                                    beta, alpha, bound, context)
@@ -452,19 +456,22 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     """The trimmed start's unit: the α-weighted mean distance D̄ to the mean, from
     one federated sum of client scalars."""
     distance_sum = contributions.sum_of('distance_sum', tff.federated_map(
-        self._trim_steps.weighted_distance, (tff.federated_broadcast(carry['center']), value, alpha)),
+        self._trim.weighted_distance,
+        (tff.federated_broadcast(carry['center']), value, alpha)),
         alpha, contributions.NONNEGATIVE)
     return dict(carry, trim_unit=tff.federated_map(
-        self._trim_steps.mean_distance, (distance_sum, carry['alpha_sum'])))
+        self._trim.mean_distance, (distance_sum, carry['alpha_sum'])))
 
   def _radius_pass(self, carry, value, alpha):
     """The trimmed start's radius: the bucket of the α-weighted median of d / D̄, from
     one federated sum of the clients' histograms."""
     histogram = contributions.sum_of('radius_histogram', tff.federated_map(
-        self._trim_steps.radius_histogram, (tff.federated_broadcast(carry['center']), value, alpha,
-                                 tff.federated_broadcast(carry['trim_unit']))),
+        self._trim.radius_histogram,
+        (tff.federated_broadcast(carry['center']), value, alpha,
+         tff.federated_broadcast(carry['trim_unit']))),
         alpha, _HISTOGRAM_BOUND)
-    return dict(carry, trim_bucket=tff.federated_map(self._trim_steps.median_bucket, histogram))
+    return dict(carry,
+                trim_bucket=tff.federated_map(self._trim.median_bucket, histogram))
 
   def _near_pass(self, carry, value, alpha):
     """Before the trimmed start's pass 3, in one round: ν, and the bucket of the
@@ -472,20 +479,22 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     if self._relative:
       carry = self._floor(carry, value, alpha)
     histogram = contributions.sum_of('near_histogram', tff.federated_map(
-        self._trim_steps.radius_histogram, (tff.federated_broadcast(carry['center']), value, alpha,
-                                 tff.federated_broadcast(carry['trim_radius']))),
+        self._trim.radius_histogram,
+        (tff.federated_broadcast(carry['center']), value, alpha,
+         tff.federated_broadcast(carry['trim_radius']))),
         alpha, _HISTOGRAM_BOUND)
-    return dict(carry, near_bucket=tff.federated_map(self._trim_steps.median_bucket, histogram))
+    return dict(carry,
+                near_bucket=tff.federated_map(self._trim.median_bucket, histogram))
 
   def _trim_pass(self, carry, value, alpha):
     """Pass 2 of the trimmed start: the α-weighted mean of the clients within the
     radius of the mean (β_i = α_i inside, 0 outside), one inner mean."""
     bucket, unit = carry['trim_bucket'], carry['trim_unit']
     center_at_clients = tff.federated_broadcast(carry['center'])
-    beta = tff.federated_map(self._trim_steps.trimmed_weight, (
+    beta = tff.federated_map(self._trim.trimmed_weight, (
         center_at_clients, value, alpha, tff.federated_broadcast(unit),
         tff.federated_broadcast(bucket)))
-    radius = tff.federated_map(self._trim_steps.radius, (bucket, unit))
+    radius = tff.federated_map(self._trim.radius, (bucket, unit))
     output = contributions.mean_of(
         'trimmed_mean', self._inner, carry['inner'], value, beta, alpha, _TRIMMED_BOUND,
         lambda: (center_at_clients, tff.federated_broadcast(radius)))
@@ -510,7 +519,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
                   tff.federated_broadcast(nu))
     if restricted:
       beta_and_term = tff.federated_map(
-          self._trim_steps.restricted_weiszfeld_weight,
+          self._trim.restricted_weiszfeld_weight,
           arguments_ + (tff.federated_broadcast(carry['trim_radius']),
                         tff.federated_broadcast(carry['near_bucket'])))
     else:
@@ -546,8 +555,9 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     single pass: the floor a step from its estimate would use)."""
     nu = self._nu(carry)
     objective = contributions.sum_of('objective', tff.federated_map(
-        _objective_term(self.value_type), (tff.federated_broadcast(carry['center']), value, alpha,
-                               tff.federated_broadcast(nu))),
+        _objective_term(self.value_type),
+        (tff.federated_broadcast(carry['center']), value, alpha,
+         tff.federated_broadcast(nu))),
         alpha, contributions.NONNEGATIVE)
     return dict(carry, objectives=carry['objectives'] + [objective])
 
@@ -625,6 +635,7 @@ def _unfrozen_loop(passes_applied: int):
 
 @traced.once
 def _zero_value(value_type):
+  """The warm start's first previous aggregate: zeros of the value type."""
   @tff.tensorflow.computation
   def zero_value():
     return tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
@@ -634,6 +645,7 @@ def _zero_value(value_type):
 
 @traced.once
 def _weight_from_norm(value_type):
+  """The zero start's client weights β_i = α_i·ν / max(ν, ‖w_i‖)."""
   @tff.tensorflow.computation(value_type, tf.float32, tf.float64)
   def weight_from_norm(value, weight, nu):
     # Algorithm 3: the first Weiszfeld step from v = 0.
@@ -643,6 +655,7 @@ def _weight_from_norm(value_type):
 
 @traced.once
 def _weight_from_distance(value_type):
+  """The warm start's client weights β_i = α_i·ν / max(ν, ‖w_i − v‖)."""
   @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
   def weight_from_distance(center, value, weight, nu):
     # The warm start's first step, from the previous aggregate.
@@ -652,6 +665,7 @@ def _weight_from_distance(value_type):
 
 @traced.once
 def _weiszfeld_weight(value_type):
+  """A Weiszfeld step's client weight β_i and objective term α_i·max(ν, ‖w_i − v‖)."""
   @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
   def weiszfeld_weight(center, value, weight, nu):
     distance = numerics.global_l2_distance(value, center)
@@ -663,6 +677,7 @@ def _weiszfeld_weight(value_type):
 
 @traced.once
 def _objective_term(value_type):
+  """The client's objective term α_i·max(ν, ‖w_i − v‖) alone."""
   @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
   def objective_term(center, value, weight, nu):
     distance = numerics.global_l2_distance(value, center)
@@ -696,13 +711,13 @@ def _advance(value_type, tolerance: float):
   return advance
 
 
-TrimSteps = collections.namedtuple('TrimSteps', [
+_TrimComputations = collections.namedtuple('_TrimComputations', [
     'weighted_distance', 'mean_distance', 'radius_histogram', 'trimmed_weight',
     'restricted_weiszfeld_weight', 'median_bucket', 'radius'])
 
 
 @traced.once
-def _trim_steps(value_type) -> TrimSteps:
+def _trim_computations(value_type) -> _TrimComputations:
   """The client and server computations of the trimmed start (`_spread_pass`,
   `_radius_pass`, `_trim_pass`, `_near_pass` and its restricted Weiszfeld pass)."""
 
@@ -745,16 +760,17 @@ def _trim_steps(value_type) -> TrimSteps:
   def radius(bucket, unit):
     return robust_scale.bucket_upper_edge(bucket, unit)
 
-  return TrimSteps(weighted_distance, mean_distance, radius_histogram, trimmed_weight,
-                   restricted_weiszfeld_weight, median_bucket, radius)
+  return _TrimComputations(weighted_distance, mean_distance, radius_histogram,
+                           trimmed_weight, restricted_weiszfeld_weight, median_bucket,
+                           radius)
 
 
-FloorSteps = collections.namedtuple(
-    'FloorSteps', ['statistics_from_distance', 'floor_from_statistics', 'bound'])
+_FloorComputations = collections.namedtuple(
+    '_FloorComputations', ['statistics_from_distance', 'floor_from_statistics', 'bound'])
 
 
 @traced.once
-def _floor_steps(value_type, relative_nu: float) -> FloorSteps:
+def _floor_computations(value_type, relative_nu: float) -> _FloorComputations:
   """The client and server computations of the relative ν (`smoothing`), and what
   bounds an honest client's statistics."""
   float64 = type_checks.has_float64(value_type)
@@ -768,8 +784,8 @@ def _floor_steps(value_type, relative_nu: float) -> FloorSteps:
   def floor_from_statistics(statistics):
     return robust_scale.relative_floor(statistics, relative_nu)
 
-  return FloorSteps(statistics_from_distance, floor_from_statistics,
-                    robust_scale.statistics_bound(float64))
+  return _FloorComputations(statistics_from_distance, floor_from_statistics,
+                            robust_scale.statistics_bound(float64))
 
 
 @traced.once

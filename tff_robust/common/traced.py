@@ -10,8 +10,9 @@ proto, finds the composed computation already compiled.
 
 A wrapped builder must depend on nothing but its arguments, and they must be hashable
 (TFF types compare their Python containers too, so an `OrderedDict` type and a `list`
-type of the same fields are different keys): a module constant that a caller may
-change belongs among the arguments.
+type of the same fields are different keys; arguments of different Python types, such
+as `1` and `True`, are different keys too): a module constant that a caller may change
+belongs among the arguments.
 """
 
 import functools
@@ -23,4 +24,4 @@ MAX_ENTRIES = 256
 def once(builder):
   """`builder`, returning its earlier result for arguments equal to earlier ones
   (a least-recently-used cache of `MAX_ENTRIES`)."""
-  return functools.lru_cache(maxsize=MAX_ENTRIES)(builder)
+  return functools.lru_cache(maxsize=MAX_ENTRIES, typed=True)(builder)

@@ -277,6 +277,7 @@ def float32_weights(weight_type, weight):
 
 @traced.once
 def _float32_cast(weight_type):
+  """The client computation weight → float32 weight."""
   @tff.tensorflow.computation(weight_type)
   def cast(client_weight):
     return tf.cast(client_weight, tf.float32)
@@ -301,6 +302,8 @@ def stack_at_server(server_scalars, dtype=tf.float32):
 
 @traced.once
 def _stacking(scalars_type, dtype):
+  """The server computation of `stack_at_server`: a struct of scalars → one `dtype`
+  vector."""
   @tff.tensorflow.computation(scalars_type)
   def stack(scalars):
     return tf.stack([tf.cast(s, dtype) for s in scalars.values()])

@@ -67,6 +67,11 @@ class OnceTest(absltest.TestCase):
     self.assertIsNot(build(as_tuple, 3.0), first)
     self.assertLen(calls, 3)
 
+  def test_arguments_of_other_python_types_are_other_keys(self):
+    build = traced.once(lambda passes: tf.constant(passes).dtype)
+    self.assertEqual(build(True), tf.bool)
+    self.assertEqual(build(1), tf.int32)
+
   def test_the_cache_is_bounded(self):
     build = traced.once(lambda key: object())
     first = build(0)
@@ -98,6 +103,13 @@ class CreatedAgainTest(parameterized.TestCase):
        lambda: tff_robust.GammaMeanFactory(gamma=0.5)),
       ('clip_radius', tff_robust.SecureCenteredClippingFactory,
        lambda: tff_robust.SecureCenteredClippingFactory(clip_radius=2.0)),
+      ('gamma_scale', lambda: tff_robust.GammaMeanFactory(gamma_scale='spread'),
+       lambda: tff_robust.GammaMeanFactory(gamma_scale='absolute')),
+      ('covariance', tff_robust.GammaMeanFactory,
+       lambda: tff_robust.GammaMeanFactory(covariance='diagonal')),
+      ('arc_fraction', _FACTORIES['arc_of_gm'],
+       lambda: arc.AdaptiveRobustClippingFactory(
+           tff_robust.GeometricMedianFactory(), byzantine_fraction=0.3)),
   )
   def test_another_constant_is_another_computation(self, build, build_other):
     self.assertNotEqual(_created(build_other).next, _created(build).next)
