@@ -199,9 +199,8 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
                                           contributions.EQUAL_TO_ALPHA)
     self._step_bound = contributions.pair(contributions.norm_at_most(radius),
                                           contributions.EQUAL_TO_ALPHA)
-    self._zeros = computations.zeros
-    self._clip_step, self._clip_flags = computations.clip_step, computations.clip_flags
-    self._advance, self._fraction = computations.advance, computations.fraction
+    self._zeros = iterative_mean.zeros(value_type)
+    self._computations = computations
 
   def initialize(self):
     state = collections.OrderedDict()
@@ -236,16 +235,18 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
     broadcast = tff.federated_broadcast(carry['center'])
     # Two maps, not one returning (step, flags): selecting the step out of a struct at
     # CLIENTS would copy every client's update once more.
-    step = tff.federated_map(self._clip_step, (broadcast, value))
+    step = tff.federated_map(self._computations.clip_step, (broadcast, value))
     output = contributions.mean_of('clipped_difference', self._inner, carry['inner'],
                                    step, alpha, alpha, self._step_bound)
-    center = tff.federated_map(self._advance, (carry['center'], output.result))
+    center = tff.federated_map(self._computations.advance,
+                               (carry['center'], output.result))
     carry = dict(carry, inner=output.state, center=center,
                  inner_measurements=output.measurements)
     if count_clipped:
       # (clipped clients, clients of weight > 0) at this centre.
       carry['counts'] = contributions.sum_of(
-          'clip_counts', tff.federated_map(self._clip_flags, (broadcast, value, alpha)),
+          'clip_counts',
+          tff.federated_map(self._computations.clip_flags, (broadcast, value, alpha)),
           alpha, contributions.FLAG)
     return carry
 
@@ -261,7 +262,8 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
     measurements = collections.OrderedDict(
         num_secure_average_calls=tff.federated_value(
             np.int32(self._num_secure_average_calls), tff.SERVER),
-        fraction_clipped=tff.federated_map(self._fraction, (counts[0], counts[1])),
+        fraction_clipped=tff.federated_map(self._computations.fraction,
+                                           (counts[0], counts[1])),
         inner=carry['inner_measurements'])
     return tff.templates.MeasuredProcessOutput(
         state=tff.federated_zip(state), result=carry['center'],
@@ -269,17 +271,12 @@ class CenteredClippingSteps(iterative_steps.IterativeSteps):
 
 
 _ClippingComputations = collections.namedtuple(
-    '_ClippingComputations', ['zeros', 'clip_step', 'clip_flags', 'advance', 'fraction'])
+    '_ClippingComputations', ['clip_step', 'clip_flags', 'advance', 'fraction'])
 
 
 @traced.once
 def _clipping_computations(value_type, radius: float) -> _ClippingComputations:
   """The client and server computations of centred clipping at radius τ."""
-  template = iterative_mean.type_template(value_type)
-
-  @tff.tensorflow.computation
-  def zeros():
-    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), template)
 
   @tff.tensorflow.computation(value_type, value_type)
   def clip_step(center, value):
@@ -299,4 +296,4 @@ def _clipping_computations(value_type, radius: float) -> _ClippingComputations:
     return tf.math.divide_no_nan(tf.cast(num_clipped, tf.float32),
                                  tf.cast(num_clients, tf.float32))
 
-  return _ClippingComputations(zeros, clip_step, clip_flags, advance, fraction)
+  return _ClippingComputations(clip_step, clip_flags, advance, fraction)

@@ -377,13 +377,7 @@ class GammaSteps(iterative_steps.IterativeSteps):
     self._iteration_bound = (contributions.pair(contributions.UNBOUNDED,
                                                 contributions.AT_MOST_ALPHA)
                              if diagonal else _iteration_pair_bound(gamma, headroom))
-    self._start_client = computations.start_client
-    self._centered_moment = computations.centered_moment
-    self._mean_estimate = computations.mean_estimate
-    self._centered_estimate = computations.centered_estimate
-    self._client_step = computations.client_step
-    self._advance = computations.advance
-    self._mean_of = computations.mean_of
+    self._computations = computations
 
     self._inner = factory.inner_mean_factory.create(self.inner_value_type,
                                                     self.inner_weight_type)
@@ -416,11 +410,12 @@ class GammaSteps(iterative_steps.IterativeSteps):
   def _start_at_mean(self, carry, value, alpha):
     """μ₀ = the α-weighted mean (one inner call) and, from the same round, the
     uncentred Σ α_i‖x_i‖² behind the first covariance."""
-    step = tff.federated_map(self._start_client, (value, alpha))
+    step = tff.federated_map(self._computations.start_client, (value, alpha))
     output = contributions.mean_of('mean', self._inner, carry['inner'], step[0],
                                    step[1], alpha, _MEAN_BOUND)
     sums = contributions.sum_of('start_sums', step[2], alpha, _START_BOUND)
-    estimate = tff.federated_map(self._mean_estimate, (output.result, sums))
+    estimate = tff.federated_map(self._computations.mean_estimate,
+                                 (output.result, sums))
     return {'inner': output.state, 'estimate': estimate,
             'inner_measurements': output.measurements, 'flags': []}
 
@@ -429,8 +424,9 @@ class GammaSteps(iterative_steps.IterativeSteps):
     Σ α_i‖x_i − μ₀‖² behind the first covariance."""
     start = self._initial_point.finish(carry['initial_point'])
     moments = tff.federated_map(
-        self._centered_moment, (tff.federated_broadcast(start.result), value, alpha))
-    estimate = tff.federated_map(self._centered_estimate, (
+        self._computations.centered_moment,
+        (tff.federated_broadcast(start.result), value, alpha))
+    estimate = tff.federated_map(self._computations.centered_estimate, (
         start.result, contributions.sum_of('centered_moments', moments, alpha,
                                            _START_BOUND)))
     return {'inner': carry['inner'], 'estimate': estimate,
@@ -444,11 +440,12 @@ class GammaSteps(iterative_steps.IterativeSteps):
     retained weight>."""
     estimate = carry['estimate']
     estimate_at_clients = tff.federated_broadcast(estimate)
-    step = tff.federated_map(self._client_step, (estimate_at_clients, value, alpha))
+    step = tff.federated_map(self._computations.client_step,
+                             (estimate_at_clients, value, alpha))
     output = contributions.mean_of('gamma_mean', self._inner, carry['inner'], step[0],
                                    step[1], alpha, self._iteration_bound,
                                    (estimate_at_clients,))
-    advanced = tff.federated_map(self._advance, (
+    advanced = tff.federated_map(self._computations.advance, (
         estimate, output.result,
         contributions.sum_of('iteration_sums', step[2], alpha, _ITERATION_BOUND)))
     return dict(carry, inner=output.state, estimate=advanced[0],
@@ -474,7 +471,7 @@ class GammaSteps(iterative_steps.IterativeSteps):
     measurements['inner'] = carry['inner_measurements']
     return tff.templates.MeasuredProcessOutput(
         state=tff.federated_zip(state),
-        result=tff.federated_map(self._mean_of, carry['estimate']),
+        result=tff.federated_map(self._computations.mean_of, carry['estimate']),
         measurements=tff.federated_zip(measurements))
 
 

@@ -104,6 +104,11 @@ def smoothed_norm(distance, nu):
   return tf.where(distance > nu, distance, distance * distance / (2.0 * nu) + nu / 2.0)
 
 
+def objective_term(weight, distance, nu):
+  """A client's term α·‖w − v‖_(ν) of the objective g_ν, in float64."""
+  return tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
+
+
 def weiszfeld_beta(weight, distance, nu):
   """β = α·ν / max(ν, d) in float64: the Weiszfeld weight α / max(ν, d) times the
   same ν for every client, which leaves the weighted mean unchanged and keeps β ≤ α,
@@ -340,7 +345,6 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     self._num_passes = factory.num_communication_passes
     self._start = factory.initial_point
     self._absolute_nu = factory.nu
-    self._relative = factory.relative_nu is not None
     self._report_max_weight = factory.report_max_effective_weight
     self._report_objective = factory.report_objective
     self._relative_nu = factory.relative_nu
@@ -358,7 +362,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     if self._start == 'previous':
       # The zero update before the first `next`: the first call equals the zero start.
       return _warm_state(self._inner.initialize(),
-                         tff.federated_eval(_zero_value(self.value_type), tff.SERVER))
+                         tff.federated_eval(iterative_mean.zeros(self.value_type), tff.SERVER))
     return self._inner.initialize()
 
   def start(self, state):
@@ -372,7 +376,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     return 3 if self._start == 'trimmed' else 2
 
   def passes(self):
-    floor = [iterative_steps.Pass('floor', self._floor)] if self._relative else []
+    floor = [iterative_steps.Pass('floor', self._floor)] if self._relative_nu is not None else []
     passes = []
     if self._start in ('zero', 'previous'):
       passes += floor
@@ -397,7 +401,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
 
   def _nu(self, carry):
     """ν of a step at SERVER (float64): the last relative floor, or the constant."""
-    if self._relative:
+    if self._relative_nu is not None:
       return carry['nu']
     return tff.federated_value(np.float64(self._absolute_nu), tff.SERVER)
 
@@ -476,7 +480,7 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
   def _near_pass(self, carry, value, alpha):
     """Before the trimmed start's pass 3, in one round: ν, and the bucket of the
     α-weighted median distance to the trimmed mean (in units of pass 2's radius)."""
-    if self._relative:
+    if self._relative_nu is not None:
       carry = self._floor(carry, value, alpha)
     histogram = contributions.sum_of('near_histogram', tff.federated_map(
         self._trim.radius_histogram,
@@ -634,16 +638,6 @@ def _unfrozen_loop(passes_applied: int):
 
 
 @traced.once
-def _zero_value(value_type):
-  """The warm start's first previous aggregate: zeros of the value type."""
-  @tff.tensorflow.computation
-  def zero_value():
-    return tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
-                                 iterative_mean.type_template(value_type))
-  return zero_value
-
-
-@traced.once
 def _weight_from_norm(value_type):
   """The zero start's client weights β_i = α_i·ν / max(ν, ‖w_i‖)."""
   @tff.tensorflow.computation(value_type, tf.float32, tf.float64)
@@ -665,24 +659,22 @@ def _weight_from_distance(value_type):
 
 @traced.once
 def _weiszfeld_weight(value_type):
-  """A Weiszfeld step's client weight β_i and objective term α_i·max(ν, ‖w_i − v‖)."""
+  """A Weiszfeld step's client weight β_i and objective term α_i·‖w_i − v‖_(ν)."""
   @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
   def weiszfeld_weight(center, value, weight, nu):
     distance = numerics.global_l2_distance(value, center)
-    beta = weiszfeld_beta(weight, distance, nu)
-    objective_term = tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
-    return beta, objective_term
+    return (weiszfeld_beta(weight, distance, nu),
+            objective_term(weight, distance, nu))
   return weiszfeld_weight
 
 
 @traced.once
 def _objective_term(value_type):
-  """The client's objective term α_i·max(ν, ‖w_i − v‖) alone."""
+  """The client's objective term α_i·‖w_i − v‖_(ν) alone."""
   @tff.tensorflow.computation(value_type, value_type, tf.float32, tf.float64)
-  def objective_term(center, value, weight, nu):
-    distance = numerics.global_l2_distance(value, center)
-    return tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
-  return objective_term
+  def client_objective_term(center, value, weight, nu):
+    return objective_term(weight, numerics.global_l2_distance(value, center), nu)
+  return client_objective_term
 
 
 @traced.once
@@ -750,7 +742,7 @@ def _trim_computations(value_type) -> _TrimComputations:
         bucket + robust_scale.NEAR_BUCKETS)
     beta = tf.where(near, weiszfeld_beta(weight, distance, nu),
                     tf.constant(0.0, tf.float64))
-    return beta, tf.cast(weight, tf.float64) * smoothed_norm(distance, nu)
+    return beta, objective_term(weight, distance, nu)
 
   @tff.tensorflow.computation(radius_histogram.type_signature.result)
   def median_bucket(histogram):

@@ -174,6 +174,18 @@ def _weighted_mean_process(value_type, weight_type, weighted):
   return tff.templates.AggregationProcess(init_fn, next_fn)
 
 
+@traced.once
+def zeros(value_type):
+  """The computation `( -> value_type)` returning zeros of the value type."""
+
+  @tff.tensorflow.computation
+  def zeros_of_type():
+    return tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
+                                 type_template(value_type))
+
+  return zeros_of_type
+
+
 def type_template(value_type):
   """A Python structure of `tf.TensorSpec`s shaped like `value_type`."""
   if isinstance(value_type, tff.TensorType):
