@@ -22,4 +22,8 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # The experiment packages (baselines/, tasks/) and console scripts join this development
 # environment only; `pip install .` elsewhere installs tff_robust alone (see setup.py).
 TFF_ROBUST_EXPERIMENTS=1 "${pip[@]}" install --no-deps -e .
+# Bytecode of the repository's own modules, as pip writes it for installed packages: an
+# editable install has none, and where PYTHONDONTWRITEBYTECODE is set (container images
+# often set it) every process that imports them would compile them again.
+.venv/bin/python -m compileall -q tff_robust baselines tasks benchmarks docs >/dev/null
 echo "tff_robust: environment ready in .venv"
