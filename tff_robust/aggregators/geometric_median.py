@@ -361,8 +361,8 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
   def initialize(self):
     if self._start == 'previous':
       # The zero update before the first `next`: the first call equals the zero start.
-      return _warm_state(self._inner.initialize(),
-                         tff.federated_eval(iterative_mean.zeros(self.value_type), tff.SERVER))
+      zeros = tff.federated_eval(iterative_mean.zeros(self.value_type), tff.SERVER)
+      return _warm_state(self._inner.initialize(), zeros)
     return self._inner.initialize()
 
   def start(self, state):
@@ -376,7 +376,8 @@ class WeiszfeldSteps(iterative_steps.IterativeSteps):
     return 3 if self._start == 'trimmed' else 2
 
   def passes(self):
-    floor = [iterative_steps.Pass('floor', self._floor)] if self._relative_nu is not None else []
+    floor = ([iterative_steps.Pass('floor', self._floor)]
+             if self._relative_nu is not None else [])
     passes = []
     if self._start in ('zero', 'previous'):
       passes += floor
